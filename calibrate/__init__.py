@@ -1,0 +1,1 @@
+"""entmtp.calibrate"""

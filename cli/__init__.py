@@ -1,0 +1,1 @@
+"""The entmtp Typer app."""

@@ -1,0 +1,1 @@
+"""Shipped bundles and reference trees (JSON data only)."""
