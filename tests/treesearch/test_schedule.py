@@ -1,0 +1,93 @@
+"""Schedules: bucket lookup against a plain count, validation, merging, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._schedule import Schedule, as_schedule
+from entmtp.treesearch._tree import Tree
+
+CHAIN = [Tree.from_paths([[0] * d for d in range(1, n + 1)]) for n in range(5)]
+
+
+def plain_bucket(thresholds, estimate) -> int:
+    """Tree i serves [t_{i-1}, t_i): the number of thresholds at or below the estimate."""
+    return sum(1 for t in thresholds if t <= estimate)
+
+
+def test_tree_index_matches_the_interval_definition():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        count = int(rng.integers(1, 5))
+        thresholds = tuple(np.sort(rng.choice(np.linspace(0, 4, 41), count - 1, replace=False)))
+        schedule = Schedule(tuple(CHAIN[:count]), thresholds, EntropyEstimator.ema(0.2))
+        # Probe the thresholds themselves and points between them.
+        probes = np.concatenate([thresholds, rng.uniform(-1, 5, 30)]).astype(np.float64)
+        vector = schedule.tree_indices(probes)
+        for estimate, from_vector in zip(probes.tolist(), vector.tolist(), strict=True):
+            expected = plain_bucket(thresholds, estimate)
+            assert schedule.tree_index(estimate) == expected == from_vector
+            assert schedule.tree_for(estimate) == CHAIN[expected]
+
+
+def test_static_schedule_serves_every_estimate_with_its_tree():
+    schedule = Schedule.static(CHAIN[3])
+    assert schedule.num_buckets == 1 and schedule.thresholds == ()
+    assert set(schedule.tree_indices(np.array([-1e9, 0.0, 1e9])).tolist()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("trees", "thresholds", "field"),
+    [
+        ((), (), "trees"),
+        ((CHAIN[1], CHAIN[2]), (), "thresholds"),
+        ((CHAIN[1],), (1.0,), "thresholds"),
+        ((CHAIN[1], CHAIN[2], CHAIN[3]), (2.0, 1.0), "ascending"),
+        ((CHAIN[1], CHAIN[2], CHAIN[3]), (1.0, 1.0), "ascending"),
+        ((CHAIN[1], CHAIN[2]), (float("inf"),), "finite"),
+        ((CHAIN[1], CHAIN[2]), (float("nan"),), "finite"),
+        ((CHAIN[1], CHAIN[2]), ("x",), "thresholds"),
+        (([[0]],), (), "trees"),
+    ],
+)
+def test_invalid_schedules_name_the_field(trees, thresholds, field):
+    with pytest.raises(EntmtpError, match=field):
+        Schedule(trees, thresholds, EntropyEstimator.last())
+
+
+def test_merged_keeps_the_mapping_and_drops_redundant_thresholds():
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        count = int(rng.integers(1, 7))
+        trees = tuple(CHAIN[int(k)] for k in rng.integers(0, 3, count))
+        thresholds = tuple(np.sort(rng.uniform(0, 4, count - 1)))
+        if len(set(thresholds)) != len(thresholds):
+            continue
+        schedule = Schedule(trees, thresholds, EntropyEstimator.window(4))
+        merged = schedule.merged()
+        assert all(a != b for a, b in zip(merged.trees, merged.trees[1:], strict=False))
+        probes = np.concatenate([thresholds, rng.uniform(-1, 5, 50)])
+        for estimate in probes.tolist():
+            assert merged.tree_for(estimate) == schedule.tree_for(estimate)
+
+
+def test_json_round_trip():
+    schedule = Schedule((CHAIN[0], CHAIN[2], CHAIN[4]), (0.5, 2.25), EntropyEstimator.ema(0.1))
+    again = Schedule.from_json(json.loads(json.dumps(schedule.to_json())))
+    assert again == schedule
+
+
+def test_from_json_rejects_missing_fields():
+    with pytest.raises(EntmtpError, match="thresholds"):
+        Schedule.from_json({"estimator": {"kind": "last"}, "trees": [[[0]]]})
+
+
+def test_as_schedule_wraps_a_tree_and_rejects_other_things():
+    assert as_schedule(CHAIN[2]) == Schedule.static(CHAIN[2])
+    with pytest.raises(EntmtpError, match="Schedule or a Tree"):
+        as_schedule([[0]])
