@@ -1,0 +1,550 @@
+"""The bundle: entropy-switched draft trees for one model + head set + task, as versioned JSON.
+
+A bundle (``format: "entmtp-bundle"``, integer ``format_version``) holds the trees, the entropy
+thresholds that switch between them (tree ``i`` serves running estimates in
+``[thresholds[i-1], thresholds[i])``), the estimator that produces the running estimate, the
+model and heads it was calibrated for, and what the replay predicted. The JSON Schema ships as
+package data (``bundle.schema.json``); ``load_bundle`` checks it and then what a schema cannot
+(prefix-closed paths, ranks below top-k, depth within the heads, counts that match, finite
+numbers). Every rejection is one ``EntmtpError`` line that names the file and the field.
+
+Optional fields: ``best_static`` (the best single static tree on the same replay, by index into
+``trees`` or by its own paths; exports default to it) and ``latency`` (the LatencyModel JSON the
+prediction used). Any other new field bumps ``format_version``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ._atomic import atomic_write_text
+from ._errors import EntmtpError
+from ._estimator import EntropyEstimator
+from ._latency import LatencyModel
+from ._tree import Tree
+
+BUNDLE_FORMAT = "entmtp-bundle"
+BUNDLE_FORMAT_VERSION = 1
+HEAD_TYPES = ("medusa", "hydra")
+ENTROPY_UNITS = ("nats", "bits")
+SCHEMA_RESOURCE = "bundle.schema.json"
+_MAX_SHOWN = 120  # characters of an offending value quoted in an error
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    vocab_size: int
+    hidden_size: int
+
+
+@dataclass(frozen=True)
+class HeadsInfo:
+    type: str  # "medusa" | "hydra"
+    num_heads: int
+    topk: int | tuple[int, ...]  # candidates each head drafts: one for all heads, or per head
+    sha256: str  # of the head weights, lowercase hex
+
+
+@dataclass(frozen=True)
+class EntropyInfo:
+    signal: str  # what is estimated, e.g. "base_entropy"
+    unit: str  # "nats" | "bits"
+    estimator: EntropyEstimator
+
+
+@dataclass(frozen=True)
+class TreeStats:
+    expected_accept_length: float  # tokens per step on the positions this tree serves
+    latency_ms: float  # modelled draft + verify ms of one step
+
+
+@dataclass(frozen=True)
+class Predicted:
+    mean_accept_length: float
+    tokens_per_second: float
+    speedup_vs_autoregressive: float
+    oracle_tokens_per_second: float  # best tree of the set per step, in hindsight
+
+
+@dataclass(frozen=True)
+class CreatedBy:
+    entmtp: str  # version
+    command: str  # the command line that made the bundle
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. a timestamp
+
+
+@dataclass(frozen=True)
+class BestStatic:
+    tree: Tree
+    tokens_per_second: float
+    tree_index: int | None = None  # set when the tree is one of the bundle's trees
+
+
+@dataclass
+class Bundle:
+    model: ModelInfo
+    heads: HeadsInfo
+    task: str
+    entropy: EntropyInfo
+    thresholds: list[float]  # ascending, len(trees) - 1
+    trees: list[Tree]
+    tree_stats: list[TreeStats]  # one per tree
+    predicted: Predicted
+    hardware: dict[str, Any]
+    created_by: CreatedBy
+    best_static: BestStatic | None = None
+    latency: LatencyModel | None = None
+
+    def __post_init__(self) -> None:
+        self.thresholds = [float(t) for t in self.thresholds]
+        self.trees = list(self.trees)
+        self.tree_stats = list(self.tree_stats)
+        if not self.trees:
+            raise EntmtpError("bundle: trees: a bundle needs at least one tree")
+        if len(self.tree_stats) != len(self.trees):
+            raise EntmtpError(
+                f"bundle: tree_stats: {len(self.tree_stats)} stats for {len(self.trees)} trees"
+            )
+        if len(self.thresholds) != len(self.trees) - 1:
+            raise EntmtpError(
+                f"bundle: thresholds: {len(self.thresholds)} thresholds for {len(self.trees)} "
+                f"trees: give exactly {len(self.trees) - 1}"
+            )
+        if any(b < a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
+            raise EntmtpError(f"bundle: thresholds: {self.thresholds} must ascend")
+
+    def tree_index_for(self, estimate: float) -> int:
+        """Index of the tree that serves a running entropy estimate."""
+        return bisect.bisect_right(self.thresholds, estimate)
+
+    def tree_for(self, estimate: float) -> Tree:
+        return self.trees[self.tree_index_for(estimate)]
+
+    def check_compatible(
+        self,
+        *,
+        vocab_size: int | None = None,
+        hidden_size: int | None = None,
+        head_type: str | None = None,
+        num_heads: int | None = None,
+        heads_sha256: str | None = None,
+    ) -> None:
+        """Raise ``EntmtpError`` if the bundle was made for another model or head set.
+
+        Arguments left as None are not checked.
+        """
+        fix = "calibrate a bundle for this model and heads (entmtp calibrate)"
+        checks = [
+            ("model vocab_size", self.model.vocab_size, vocab_size),
+            ("model hidden_size", self.model.hidden_size, hidden_size),
+            ("head type", self.heads.type, head_type),
+            ("number of heads", self.heads.num_heads, num_heads),
+        ]
+        for name, expected, actual in checks:
+            if actual is not None and actual != expected:
+                raise EntmtpError(
+                    f"bundle was made for {name} {expected!r} but the loaded model has "
+                    f"{actual!r}: {fix}"
+                )
+        if heads_sha256 is not None and heads_sha256.lower() != self.heads.sha256:
+            raise EntmtpError(
+                f"bundle was made for heads with sha256 {self.heads.sha256[:12]}... but the "
+                f"loaded heads have {heads_sha256.lower()[:12]}...: {fix}"
+            )
+
+
+# -- JSON -------------------------------------------------------------------------------------
+def bundle_to_json(bundle: Bundle) -> dict[str, Any]:
+    """Plain JSON types only (numpy scalars become int/float)."""
+    topk = bundle.heads.topk
+    out: dict[str, Any] = {
+        "format": BUNDLE_FORMAT,
+        "format_version": BUNDLE_FORMAT_VERSION,
+        "model": {
+            "name": bundle.model.name,
+            "vocab_size": int(bundle.model.vocab_size),
+            "hidden_size": int(bundle.model.hidden_size),
+        },
+        "heads": {
+            "type": bundle.heads.type,
+            "num_heads": int(bundle.heads.num_heads),
+            "topk": [int(k) for k in topk] if isinstance(topk, (tuple, list)) else int(topk),
+            "sha256": bundle.heads.sha256,
+        },
+        "task": bundle.task,
+        "entropy": {
+            "signal": bundle.entropy.signal,
+            "unit": bundle.entropy.unit,
+            "estimator": bundle.entropy.estimator.to_json(),
+        },
+        "thresholds": [float(t) for t in bundle.thresholds],
+        "trees": [
+            {
+                "paths": tree.to_json(),
+                "num_nodes": tree.num_nodes,
+                "depth": tree.depth,
+                "expected_accept_length": float(stats.expected_accept_length),
+                "latency_ms": float(stats.latency_ms),
+            }
+            for tree, stats in zip(bundle.trees, bundle.tree_stats, strict=True)
+        ],
+        "predicted": {
+            "mean_accept_length": float(bundle.predicted.mean_accept_length),
+            "tokens_per_second": float(bundle.predicted.tokens_per_second),
+            "speedup_vs_autoregressive": float(bundle.predicted.speedup_vs_autoregressive),
+            "oracle_tokens_per_second": float(bundle.predicted.oracle_tokens_per_second),
+        },
+        "hardware": dict(bundle.hardware),
+        "created_by": {
+            **bundle.created_by.extra,
+            "entmtp": bundle.created_by.entmtp,
+            "command": bundle.created_by.command,
+        },
+    }
+    if bundle.best_static is not None:
+        best: dict[str, Any] = {}
+        if bundle.best_static.tree_index is not None:
+            best["tree_index"] = int(bundle.best_static.tree_index)
+        else:
+            best["paths"] = bundle.best_static.tree.to_json()
+        best["tokens_per_second"] = float(bundle.best_static.tokens_per_second)
+        out["best_static"] = best
+    if bundle.latency is not None:
+        out["latency"] = bundle.latency.to_json()
+    return out
+
+
+def bundle_from_json(obj: object, *, source: str = "bundle") -> Bundle:
+    """Validate a parsed bundle (schema, then semantics) and build it.
+
+    ``source`` starts every error message, e.g. ``"bundle run/code.json"``.
+    """
+    try:
+        _check_finite(obj, source)
+        _check_header(obj, source)
+        _check_schema(obj, source)
+        return _build(obj, source)  # type: ignore[arg-type]
+    except RecursionError as err:
+        raise EntmtpError(f"{source}: nested too deeply to be a bundle") from err
+
+
+def parse_bundle(text: str | bytes, *, source: str = "bundle") -> Bundle:
+    """Parse bundle JSON text. NaN/Infinity literals are rejected (JSON has none)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise EntmtpError(
+                f"{source}: not UTF-8 text (byte {err.start}): is this a bundle JSON file?"
+            ) from err
+    if not text.strip():
+        raise EntmtpError(f"{source}: the file is empty: not a bundle")
+    try:
+        obj = json.loads(text, parse_constant=_NonFinite)
+    except json.JSONDecodeError as err:
+        raise EntmtpError(
+            f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from err
+    except RecursionError as err:
+        raise EntmtpError(f"{source}: not a bundle: JSON nested too deeply") from err
+    except ValueError as err:  # e.g. an integer literal longer than Python converts
+        raise EntmtpError(f"{source}: not a valid bundle: {_short(str(err))}") from err
+    return bundle_from_json(obj, source=source)
+
+
+def load_bundle(path: str | os.PathLike) -> Bundle:
+    path = Path(path)
+    source = f"bundle {path}"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as err:
+        raise EntmtpError(f"{source} does not exist: check the path") from err
+    except IsADirectoryError as err:
+        raise EntmtpError(f"{source} is a folder: give the bundle JSON file") from err
+    except OSError as err:
+        raise EntmtpError(f"{source} cannot be read: {err.strerror}") from err
+    return parse_bundle(data, source=source)
+
+
+def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
+    """Validate the exact text ``load_bundle`` will read, then write it atomically."""
+    source = f"bundle {path}"
+    obj = bundle_to_json(bundle)
+    _check_finite(obj, source)  # names the field before json.dumps would refuse unnamed
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise EntmtpError(f"{source}: cannot be written as JSON: {_short(str(err))}") from err
+    parse_bundle(text, source=source)
+    return atomic_write_text(path, text)
+
+
+# -- validation -------------------------------------------------------------------------------
+class _NonFinite:
+    """Stands in for a NaN/Infinity literal until the walk reports where it is."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _field(parts: Sequence[str | int]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _check_finite(obj: object, source: str) -> None:
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(obj, ())]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, _NonFinite):
+            raise EntmtpError(
+                f"{source}: {_field(where)}: {value.literal} is not allowed: numbers must be finite"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EntmtpError(
+                f"{source}: {_field(where)}: {value} is not allowed: numbers must be finite"
+            )
+        if isinstance(value, dict):
+            stack.extend((v, (*where, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*where, i)) for i, v in enumerate(value))
+
+
+def _check_header(obj: object, source: str) -> None:
+    if not isinstance(obj, dict):
+        raise EntmtpError(
+            f"{source}: not an entmtp bundle: the top level is a {type(obj).__name__}, not an "
+            "object"
+        )
+    fmt = obj.get("format")
+    if fmt != BUNDLE_FORMAT:
+        shown = "missing" if "format" not in obj else _short(repr(fmt))
+        raise EntmtpError(
+            f"{source}: format: {shown}, expected {BUNDLE_FORMAT!r}: not an entmtp bundle"
+        )
+    version = obj.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, (int, float)):
+        shown = "missing" if "format_version" not in obj else _short(repr(version))
+        raise EntmtpError(f"{source}: format_version: {shown}, expected an integer")
+    if version > BUNDLE_FORMAT_VERSION:
+        raise EntmtpError(
+            f"{source}: format_version {_short(str(version))} was made by a newer entmtp (this "
+            f"one reads {BUNDLE_FORMAT_VERSION}): upgrade entmtp"
+        )
+    if version != BUNDLE_FORMAT_VERSION:
+        raise EntmtpError(
+            f"{source}: format_version: {_short(str(version))} is not a bundle version (expected "
+            f"{BUNDLE_FORMAT_VERSION})"
+        )
+
+
+@lru_cache(maxsize=1)
+def bundle_schema() -> dict[str, Any]:
+    """The bundle JSON Schema (draft 2020-12) shipped with entmtp.treesearch."""
+    from importlib.resources import files
+
+    return json.loads(files("entmtp.treesearch").joinpath(SCHEMA_RESOURCE).read_text("utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    try:
+        from jsonschema import Draft202012Validator
+    except ImportError as err:  # pragma: no cover - a declared dependency
+        raise EntmtpError(
+            "reading bundles needs jsonschema: pip install 'jsonschema>=4.18'"
+        ) from err
+    return Draft202012Validator(bundle_schema())
+
+
+_RULE_WORDS = {
+    "type": "is not of type",
+    "minimum": "is below the minimum",
+    "maximum": "is above the maximum",
+    "exclusiveMinimum": "must be above",
+    "pattern": "does not match the pattern",
+    "minItems": "has fewer items than the minimum",
+    "maxItems": "has more items than the maximum",
+    "minLength": "is shorter than the minimum length",
+}
+
+
+def _check_schema(obj: dict[str, Any], source: str) -> None:
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_validator().iter_errors(obj))
+    if error is None:
+        return
+    where = _field(list(error.absolute_path))
+    if error.validator == "oneOf":  # only best_static has one
+        message = "give exactly one of tree_index and paths"
+    elif error.validator in _RULE_WORDS:
+        shown = _short(json.dumps(error.instance, default=str))
+        rule = _short(json.dumps(error.validator_value))
+        message = f"{shown} {_RULE_WORDS[error.validator]} {rule}"
+    else:
+        message = error.message
+    raise EntmtpError(f"{source}: {where}: {_short(message)}")
+
+
+def _build(obj: dict[str, Any], source: str) -> Bundle:
+    heads_obj = obj["heads"]
+    num_heads = int(heads_obj["num_heads"])
+    raw_topk = heads_obj["topk"]
+    if isinstance(raw_topk, list):
+        if len(raw_topk) != num_heads:
+            raise EntmtpError(
+                f"{source}: heads.topk: {len(raw_topk)} values for {num_heads} heads: give one "
+                "top-k per head or a single number"
+            )
+        topk: int | tuple[int, ...] = tuple(int(k) for k in raw_topk)
+    else:
+        topk = int(raw_topk)
+    heads = HeadsInfo(
+        type=heads_obj["type"], num_heads=num_heads, topk=topk, sha256=heads_obj["sha256"]
+    )
+
+    trees: list[Tree] = []
+    stats: list[TreeStats] = []
+    for i, tree_obj in enumerate(obj["trees"]):
+        where = f"trees[{i}]"
+        tree = _build_tree(tree_obj["paths"], f"{source}: {where}.paths", topk, num_heads)
+        for name, actual in (("num_nodes", tree.num_nodes), ("depth", tree.depth)):
+            if int(tree_obj[name]) != actual:
+                raise EntmtpError(
+                    f"{source}: {where}.{name}: says {tree_obj[name]} but the paths give {actual}"
+                )
+        accept = float(tree_obj["expected_accept_length"])
+        if accept > tree.depth + 1 + 1e-9:
+            raise EntmtpError(
+                f"{source}: {where}.expected_accept_length: {accept} exceeds depth + 1 = "
+                f"{tree.depth + 1}, the most one step can accept"
+            )
+        trees.append(tree)
+        stats.append(TreeStats(accept, float(tree_obj["latency_ms"])))
+
+    thresholds = [float(t) for t in obj["thresholds"]]
+    if len(thresholds) != len(trees) - 1:
+        raise EntmtpError(
+            f"{source}: thresholds: {len(thresholds)} values for {len(trees)} trees: give "
+            f"exactly {len(trees) - 1} (tree i serves estimates in [t(i-1), t(i)))"
+        )
+    for i in range(1, len(thresholds)):
+        if thresholds[i] < thresholds[i - 1]:
+            raise EntmtpError(
+                f"{source}: thresholds[{i}]: {thresholds[i]} is below thresholds[{i - 1}] = "
+                f"{thresholds[i - 1]}: thresholds must ascend"
+            )
+
+    entropy_obj = obj["entropy"]
+    try:
+        estimator = EntropyEstimator.from_json(entropy_obj["estimator"])
+    except EntmtpError as err:
+        raise EntmtpError(f"{source}: entropy.estimator: {err}") from err
+
+    best_static = None
+    if "best_static" in obj:
+        best_obj = obj["best_static"]
+        if "tree_index" in best_obj:
+            index = int(best_obj["tree_index"])
+            if index >= len(trees):
+                raise EntmtpError(
+                    f"{source}: best_static.tree_index: {index} but there are {len(trees)} trees"
+                )
+            best_tree = trees[index]
+        else:
+            index = None
+            best_tree = _build_tree(
+                best_obj["paths"], f"{source}: best_static.paths", topk, num_heads
+            )
+        best_static = BestStatic(best_tree, float(best_obj["tokens_per_second"]), index)
+
+    latency = None
+    if "latency" in obj:
+        try:
+            latency = LatencyModel.from_json(obj["latency"])
+        except (EntmtpError, TypeError, ValueError, OverflowError) as err:
+            raise EntmtpError(f"{source}: latency: {_short(str(err))}") from err
+
+    created = obj["created_by"]
+    predicted = obj["predicted"]
+    return Bundle(
+        model=ModelInfo(
+            name=obj["model"]["name"],
+            vocab_size=int(obj["model"]["vocab_size"]),
+            hidden_size=int(obj["model"]["hidden_size"]),
+        ),
+        heads=heads,
+        task=obj["task"],
+        entropy=EntropyInfo(entropy_obj["signal"], entropy_obj["unit"], estimator),
+        thresholds=thresholds,
+        trees=trees,
+        tree_stats=stats,
+        predicted=Predicted(
+            mean_accept_length=float(predicted["mean_accept_length"]),
+            tokens_per_second=float(predicted["tokens_per_second"]),
+            speedup_vs_autoregressive=float(predicted["speedup_vs_autoregressive"]),
+            oracle_tokens_per_second=float(predicted["oracle_tokens_per_second"]),
+        ),
+        hardware=dict(obj["hardware"]),
+        created_by=CreatedBy(
+            entmtp=created["entmtp"],
+            command=created["command"],
+            extra={k: v for k, v in created.items() if k not in ("entmtp", "command")},
+        ),
+        best_static=best_static,
+        latency=latency,
+    )
+
+
+def _build_tree(
+    paths: list[list[int]], where: str, topk: int | tuple[int, ...], num_heads: int
+) -> Tree:
+    """Check each path with its index in the file, then build the canonical Tree."""
+    seen: dict[tuple[int, ...], int] = {}
+    for j, raw in enumerate(paths):
+        path = tuple(int(r) for r in raw)
+        if len(path) > num_heads:
+            raise EntmtpError(
+                f"{where}[{j}]: {list(path)} has depth {len(path)} but there are only "
+                f"{num_heads} heads"
+            )
+        for depth, rank in enumerate(path):
+            k = topk if isinstance(topk, int) else topk[depth]
+            if rank >= k:
+                raise EntmtpError(
+                    f"{where}[{j}]: rank {rank} >= top-k {k} (head {depth + 1} drafts only its "
+                    f"top-{k})"
+                )
+        if path in seen:
+            raise EntmtpError(
+                f"{where}[{j}]: {list(path)} repeats paths[{seen[path]}]: remove duplicates"
+            )
+        seen[path] = j
+    for j, path in enumerate(seen):
+        for d in range(1, len(path)):
+            if path[:d] not in seen:
+                raise EntmtpError(
+                    f"{where}[{j}]: {list(path)} misses its ancestor {list(path[:d])}: trees "
+                    "must be prefix-closed"
+                )
+    try:
+        return Tree.from_paths(paths, topk=topk, num_heads=num_heads)
+    except EntmtpError as err:  # checked above; kept so no other message escapes unnamed
+        raise EntmtpError(f"{where}: {err}") from err
