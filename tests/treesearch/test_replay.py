@@ -1,0 +1,256 @@
+"""Exact replay, the hindsight oracle and the best static tree, against plain references."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
+from entmtp.treesearch._replay import Replayer, best_static, oracle_replay, replay
+from entmtp.treesearch._schedule import Schedule
+from entmtp.treesearch._tree import Tree
+
+LATENCIES = [
+    LatencyModel.cpu_like(),
+    LatencyModel.cpu_like(depth_ms=7.0),
+    LatencyModel.gpu_like(),
+]
+
+
+def random_profile(
+    seed: int, *, num_traces: int = 5, max_positions: int = 60, heads: int = 3, topk: int = 3
+) -> Profile:
+    """Random entropies and ranks; rank j at position i is -1 once i + j + 1 passes the end."""
+    rng = np.random.default_rng(seed)
+    traces = []
+    for t in range(num_traces):
+        n = int(rng.integers(0, max_positions + 1)) if t else max_positions
+        hit = rng.random((n, heads)) < rng.uniform(0.3, 0.9)
+        ranks = np.where(hit, rng.integers(0, topk, (n, heads)), -1)
+        ranks[np.arange(n)[:, None] + np.arange(1, heads + 1)[None, :] >= n] = -1
+        entropy = rng.exponential(1.0, n) * rng.choice([0.1, 2.0], n)
+        traces.append(Trace(t, f"p{t}", entropy, ranks))
+    return Profile(ProfileMeta(num_heads=heads, topk=topk), traces)
+
+
+def random_tree(rng: np.random.Generator, *, heads: int = 3, topk: int = 3) -> Tree:
+    paths = {p for p in itertools.product(range(topk), repeat=1)}
+    for depth in range(2, heads + 1):
+        paths |= {p for p in itertools.product(range(topk), repeat=depth)}
+    chosen = [p for p in sorted(paths) if rng.random() < 0.35]
+    return Tree.from_paths(chosen, implied_prefixes=True)
+
+
+def random_estimator(rng: np.random.Generator) -> EntropyEstimator:
+    kind = rng.choice(["ema", "window", "last"])
+    if kind == "ema":
+        return EntropyEstimator.ema(float(rng.uniform(0.01, 1.0)))
+    if kind == "window":
+        return EntropyEstimator.window(int(rng.integers(1, 12)))
+    return EntropyEstimator.last()
+
+
+def random_schedule(rng: np.random.Generator, profile: Profile) -> Schedule:
+    count = int(rng.integers(1, 5))
+    trees = tuple(random_tree(rng) for _ in range(count))
+    entropy = profile.entropy()
+    thresholds = tuple(np.sort(rng.uniform(0, max(float(entropy.max()), 1.0), count - 1)))
+    return Schedule(trees, thresholds, random_estimator(rng))
+
+
+def hand_estimate(estimator: EntropyEstimator, seen: list[float]) -> float:
+    if estimator.kind == "ema":
+        value = seen[0]
+        for h in seen[1:]:
+            value = estimator.alpha * h + (1 - estimator.alpha) * value
+        return value
+    if estimator.kind == "window":
+        recent = seen[-estimator.size :]
+        return math.fsum(recent) / len(recent)
+    return seen[-1]
+
+
+def hand_accept(tree: Tree, ranks_row: np.ndarray) -> int:
+    depth = 0
+    while depth < len(ranks_row) and tuple(int(r) for r in ranks_row[: depth + 1]) in tree:
+        depth += 1
+    return 1 + depth
+
+
+def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel):
+    """Walk each trace step by step: estimate, bucket, path membership, advance."""
+    steps = []
+    for j, trace in enumerate(profile.traces):
+        entropy = [float(h) for h in trace.entropy]
+        i = 0
+        while i < trace.num_positions:
+            estimate = hand_estimate(schedule.estimator, entropy[: i + 1])
+            k = sum(1 for t in schedule.thresholds if t <= estimate)
+            tree = schedule.trees[k]
+            accepted = min(hand_accept(tree, trace.ranks[i]), trace.num_positions - i)
+            steps.append((j, i, k, accepted, latency.tree_ms(tree)))
+            i += accepted
+    return steps
+
+
+def check_against_reference(profile, schedule, latency):
+    result = replay(profile, schedule, latency)
+    steps = reference_replay(profile, schedule, latency)
+    assert result.steps == len(steps)
+    assert result.step_trace.tolist() == [s[0] for s in steps]
+    assert result.step_position.tolist() == [s[1] for s in steps]
+    assert result.step_tree.tolist() == [s[2] for s in steps]
+    assert result.step_accept.tolist() == [s[3] for s in steps]
+    assert result.time_ms == pytest.approx(sum(s[4] for s in steps), rel=1e-12)
+    assert result.tokens == profile.num_positions == sum(s[3] for s in steps)
+    assert result.autoregressive_ms == pytest.approx(
+        profile.num_positions * latency.autoregressive_ms, rel=1e-12
+    )
+    assert result.tokens_per_second == pytest.approx(1000 * result.tokens / result.time_ms)
+    assert result.speedup_vs_autoregressive == pytest.approx(
+        result.autoregressive_ms / result.time_ms
+    )
+    assert result.mean_accept_length == pytest.approx(result.tokens / result.steps)
+    for j, trace_result in enumerate(result.traces):
+        mine = [s for s in steps if s[0] == j]
+        assert trace_result.tokens == profile.traces[j].num_positions
+        assert trace_result.steps == len(mine)
+        assert trace_result.time_ms == pytest.approx(sum(s[4] for s in mine), rel=1e-12)
+    return result
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_replay_matches_the_step_by_step_reference(seed):
+    rng = np.random.default_rng(100 + seed)
+    profile = random_profile(seed)
+    latency = LATENCIES[seed % len(LATENCIES)]
+    for _ in range(4):
+        check_against_reference(profile, random_schedule(rng, profile), latency)
+
+
+def test_step_estimates_are_the_online_estimates():
+    rng = np.random.default_rng(5)
+    profile = random_profile(5)
+    schedule = Schedule(
+        (random_tree(rng), random_tree(rng)), (1.0,), EntropyEstimator.ema(0.2)
+    )
+    result = replay(profile, schedule, LatencyModel.cpu_like())
+    for trace_index, position, estimate in zip(
+        result.step_trace.tolist(), result.step_position.tolist(), result.step_estimate.tolist(),
+        strict=True,
+    ):
+        state = schedule.estimator.new_state()
+        state.update(profile.traces[trace_index].entropy[: position + 1])
+        assert abs(state.value - estimate) <= 1e-12
+
+
+def test_a_tree_replays_like_its_static_schedule():
+    profile = random_profile(7)
+    tree = random_tree(np.random.default_rng(7))
+    latency = LatencyModel.cpu_like()
+    direct = replay(profile, tree, latency)
+    scheduled = replay(profile, Schedule.static(tree, estimator=EntropyEstimator.ema(0.3)), latency)
+    assert direct.time_ms == scheduled.time_ms
+    assert direct.step_position.tolist() == scheduled.step_position.tolist()
+
+
+def test_empty_tree_takes_one_step_per_token():
+    profile = random_profile(3)
+    latency = LatencyModel.cpu_like()
+    result = replay(profile, Tree.from_paths([]), latency)
+    assert result.steps == result.tokens == profile.num_positions
+    assert result.time_ms == pytest.approx(profile.num_positions * latency.step_ms(0, 0))
+    assert set(result.step_accept.tolist()) == {1}
+
+
+def test_replay_rejects_an_empty_profile():
+    empty = Profile(ProfileMeta(num_heads=3), [Trace(0, "p0", np.zeros(0), np.zeros((0, 3)))])
+    with pytest.raises(EntmtpError, match="no positions"):
+        replay(empty, Tree.from_paths([[0]]), LatencyModel.cpu_like())
+
+
+def brute_force_best_time(profile: Profile, trees: list[Tree], latency: LatencyModel) -> float:
+    """Minimum total time over every assignment of a tree to every position."""
+    total = 0.0
+    for trace in profile.traces:
+        n = trace.num_positions
+        accepts = [[min(hand_accept(t, trace.ranks[i]), n - i) for i in range(n)] for t in trees]
+        best = math.inf
+        for assignment in itertools.product(range(len(trees)), repeat=n):
+            time, i = 0.0, 0
+            while i < n:
+                time += latency.tree_ms(trees[assignment[i]])
+                i += accepts[assignment[i]][i]
+            best = min(best, time)
+        total += best if n else 0.0
+    return total
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_oracle_matches_brute_force_on_tiny_traces(seed):
+    rng = np.random.default_rng(200 + seed)
+    profile = random_profile(seed, num_traces=3, max_positions=6)
+    trees = [random_tree(rng) for _ in range(3)]
+    latency = LATENCIES[seed % len(LATENCIES)]
+    oracle = oracle_replay(profile, trees, latency)
+    brute = brute_force_best_time(profile, trees, latency)
+    assert oracle.time_ms == pytest.approx(brute, rel=1e-12)
+    assert oracle.tokens == profile.num_positions
+    # The oracle's recorded steps are a legal walk with the recorded trees.
+    replayer = Replayer(profile, trees, latency)
+    assert oracle.time_ms == replayer.run(_tree_at_from_steps(replayer, oracle)).time_ms
+
+
+def _tree_at_from_steps(replayer: Replayer, result) -> np.ndarray:
+    tree_at = np.zeros(replayer.num_positions, dtype=np.int64)
+    starts = replayer.starts[result.step_trace] + result.step_position
+    tree_at[starts] = result.step_tree
+    return tree_at
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_oracle_bounds_every_schedule_over_its_trees(seed):
+    rng = np.random.default_rng(300 + seed)
+    profile = random_profile(seed, num_traces=6, max_positions=80)
+    trees = [random_tree(rng) for _ in range(4)]
+    latency = LATENCIES[seed % len(LATENCIES)]
+    oracle = oracle_replay(profile, trees, latency)
+    for _ in range(10):
+        count = int(rng.integers(1, 5))
+        picks = rng.integers(0, len(trees), count)
+        thresholds = tuple(np.sort(rng.uniform(0, 2, count - 1)))
+        schedule = Schedule(tuple(trees[k] for k in picks), thresholds, random_estimator(rng))
+        assert oracle.time_ms <= replay(profile, schedule, latency).time_ms * (1 + 1e-12)
+        assert oracle.tokens_per_second >= replay(profile, schedule, latency).tokens_per_second * (
+            1 - 1e-12
+        )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_static_is_the_fastest_single_tree(seed):
+    rng = np.random.default_rng(400 + seed)
+    profile = random_profile(seed)
+    trees = [random_tree(rng) for _ in range(5)]
+    latency = LATENCIES[seed % len(LATENCIES)]
+    index, result = best_static(profile, trees, latency)
+    speeds = [replay(profile, t, latency).tokens_per_second for t in trees]
+    assert result.tokens_per_second == max(speeds)
+    assert index == speeds.index(max(speeds))
+    assert set(result.step_tree.tolist()) == {index}
+
+
+def test_tree_usage_sums_to_one_and_counts_steps():
+    rng = np.random.default_rng(9)
+    profile = random_profile(9)
+    schedule = random_schedule(rng, profile)
+    result = replay(profile, schedule, LatencyModel.cpu_like())
+    usage = result.tree_usage()
+    assert usage.sum() == pytest.approx(1.0)
+    assert (usage * result.steps).round().astype(int).tolist() == np.bincount(
+        result.step_tree, minlength=schedule.num_buckets
+    ).tolist()

@@ -1,0 +1,301 @@
+"""Exact offline replay of greedy tree decoding over a profile's trajectories.
+
+A step at position ``i`` of a trajectory of ``G`` positions uses the tree its schedule picks
+from the entropy estimate at ``i``, accepts ``a = accept_lengths(tree, ranks)[i]`` tokens and
+the next step is at ``i + a``; the trajectory is finished once ``i >= G`` (an accept that would
+run past the end is cut to the positions left, which a well-formed profile never needs since
+its ranks are -1 past the end). Every schedule generates the same ``G`` tokens per trajectory,
+so the fastest schedule is the one with the least total step time.
+
+``Replayer`` precomputes each tree's accept length at every position once, so replaying one
+more schedule costs a gather plus a Python jump loop over the steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._acceptance import accept_lengths
+from ._errors import EntmtpError
+from ._estimator import EntropyEstimator
+from ._latency import LatencyModel
+from ._profile import Profile
+from ._schedule import Schedule, as_schedule
+from ._tree import Tree
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """One trajectory's replayed totals."""
+
+    prompt_index: int
+    prompt_id: str
+    tokens: int
+    steps: int
+    time_ms: float
+    autoregressive_ms: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return _rate(self.tokens, self.time_ms)
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def speedup_vs_autoregressive(self) -> float:
+        return self.autoregressive_ms / self.time_ms if self.time_ms > 0 else 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayResult:
+    """Totals over every trajectory plus one record per step (steps in trajectory order)."""
+
+    tokens: int
+    steps: int
+    time_ms: float  # sum of the modelled step times (correctly rounded sum)
+    autoregressive_ms: float  # the same tokens decoded one per plain step
+    tree_ms: tuple[float, ...]  # modelled step ms of each tree that step_tree indexes
+    traces: tuple[TraceReplay, ...]
+    step_trace: np.ndarray  # [steps] int64: index into profile.traces
+    step_position: np.ndarray  # [steps] int64: position inside its trajectory
+    step_tree: np.ndarray  # [steps] int64: index of the tree used
+    step_accept: np.ndarray  # [steps] int64: tokens accepted (>= 1)
+    step_estimate: np.ndarray  # [steps] float64: entropy estimate that chose the tree (nan: oracle)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return _rate(self.tokens, self.time_ms)
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def speedup_vs_autoregressive(self) -> float:
+        return self.autoregressive_ms / self.time_ms if self.time_ms > 0 else 1.0
+
+    @property
+    def autoregressive_tokens_per_second(self) -> float:
+        return _rate(self.tokens, self.autoregressive_ms)
+
+    def tree_usage(self) -> np.ndarray:
+        """Fraction of steps that used each tree: float64 ``[len(tree_ms)]``."""
+        counts = np.bincount(self.step_tree, minlength=len(self.tree_ms)).astype(np.float64)
+        return counts / max(self.steps, 1)
+
+    def summary(self) -> dict[str, float | int | list[float]]:
+        """Plain numbers for reports and bundles."""
+        return {
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "time_ms": self.time_ms,
+            "mean_accept_length": self.mean_accept_length,
+            "tokens_per_second": self.tokens_per_second,
+            "autoregressive_tokens_per_second": self.autoregressive_tokens_per_second,
+            "speedup_vs_autoregressive": self.speedup_vs_autoregressive,
+            "tree_usage": self.tree_usage().tolist(),
+        }
+
+
+def _rate(tokens: int, time_ms: float) -> float:
+    return 1000.0 * tokens / time_ms if time_ms > 0 else 0.0
+
+
+class Replayer:
+    """Replays many schedules over one profile and one fixed list of trees, exactly.
+
+    Schedules are given as a tree index per position (``tree_at``); ``schedule_tree_at`` turns
+    an estimator, thresholds and one tree index per bucket into that.
+    """
+
+    def __init__(self, profile: Profile, trees: Sequence[Tree], latency: LatencyModel) -> None:
+        self.trees = tuple(trees)
+        if not self.trees:
+            raise EntmtpError("no trees to replay: give at least one tree")
+        lengths = np.array([t.num_positions for t in profile.traces], dtype=np.int64)
+        self.num_positions = int(lengths.sum())
+        if self.num_positions == 0:
+            raise EntmtpError("the profile has no positions to replay: profile some prompts first")
+        self.profile = profile
+        self.latency = latency
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self.ends = self.starts + lengths
+        self.entropy = profile.entropy()
+        positions = np.arange(self.num_positions, dtype=np.int64)
+        left = np.repeat(self.ends, lengths) - positions  # positions left in the trajectory
+        ranks = profile.ranks()
+        distinct: dict[Tree, np.ndarray] = {}
+        rows = []
+        for tree in self.trees:
+            if tree not in distinct:
+                distinct[tree] = np.minimum(accept_lengths(tree, ranks), left)
+            rows.append(distinct[tree])
+        self.accept = np.stack(rows)  # [trees, positions] int64
+        self.tree_ms = tuple(latency.tree_ms(t) for t in self.trees)
+        self._positions = positions
+        self._estimates: dict[EntropyEstimator, np.ndarray] = {}
+
+    # -- schedules -------------------------------------------------------------------------
+    def estimates(self, estimator: EntropyEstimator) -> np.ndarray:
+        """The estimator's value at every position (restarting per trajectory), cached."""
+        if estimator not in self._estimates:
+            self._estimates[estimator] = estimator.estimates(
+                self.entropy, trace_starts=self.starts
+            )
+        return self._estimates[estimator]
+
+    def schedule_tree_at(
+        self,
+        estimator: EntropyEstimator,
+        thresholds: Sequence[float],
+        bucket_trees: Sequence[int],
+    ) -> np.ndarray:
+        """Tree index at every position for a schedule over ``self.trees``."""
+        buckets = np.searchsorted(
+            np.asarray(thresholds, dtype=np.float64), self.estimates(estimator), side="right"
+        )
+        return np.asarray(bucket_trees, dtype=np.int64)[buckets]
+
+    # -- replay ----------------------------------------------------------------------------
+    def step_starts(self, tree_at: np.ndarray) -> np.ndarray:
+        """Global positions where steps start, trajectory by trajectory: int64 ``[steps]``."""
+        jump = self.accept[tree_at, self._positions].tolist()
+        steps: list[int] = []
+        record = steps.append
+        for start, end in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
+            i = start
+            while i < end:
+                record(i)
+                i += jump[i]
+        return np.asarray(steps, dtype=np.int64)
+
+    def time_ms(self, tree_at: np.ndarray) -> float:
+        """Total modelled time of the replay (the search's objective; cheaper than ``run``)."""
+        steps = self.step_starts(tree_at)
+        return float(np.asarray(self.tree_ms)[tree_at[steps]].sum())
+
+    def run(self, tree_at: np.ndarray, *, estimates: np.ndarray | None = None) -> ReplayResult:
+        """Full replay record for a tree index per position."""
+        tree_at = np.asarray(tree_at, dtype=np.int64)
+        return self._result(self.step_starts(tree_at), tree_at, estimates)
+
+    def run_schedule(
+        self,
+        estimator: EntropyEstimator,
+        thresholds: Sequence[float],
+        bucket_trees: Sequence[int],
+    ) -> ReplayResult:
+        tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees)
+        return self.run(tree_at, estimates=self.estimates(estimator))
+
+    def static(self, index: int) -> ReplayResult:
+        """Replay with ``self.trees[index]`` at every step."""
+        return self.run(np.full(self.num_positions, index, dtype=np.int64))
+
+    def oracle(self) -> ReplayResult:
+        """Best tree of the set per step in hindsight: exact DP from each trajectory's end.
+
+        ``time[i] = min_T step_ms(T) + time[i + a_T(i)]`` with ``time[G] = 0``; ties go to the
+        lowest tree index.
+        """
+        num_trees = len(self.trees)
+        choice = np.zeros(self.num_positions, dtype=np.int64)
+        ms = list(self.tree_ms)
+        for start, end in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
+            length = end - start
+            if length == 0:
+                continue
+            jumps = self.accept[:, start:end].tolist()
+            best_time = [0.0] * (length + 1)
+            best_tree = [0] * length
+            for i in range(length - 1, -1, -1):
+                best, pick = math.inf, 0
+                for k in range(num_trees):
+                    candidate = ms[k] + best_time[i + jumps[k][i]]
+                    if candidate < best:
+                        best, pick = candidate, k
+                best_time[i] = best
+                best_tree[i] = pick
+            choice[start:end] = best_tree
+        return self.run(choice)
+
+    def _result(
+        self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None
+    ) -> ReplayResult:
+        step_tree = tree_at[steps]
+        step_accept = self.accept[step_tree, steps]
+        step_ms = np.asarray(self.tree_ms, dtype=np.float64)[step_tree]
+        # The step's trajectory: the last one starting at or before it (empty ones are skipped).
+        step_trace = np.searchsorted(self.starts, steps, side="right").astype(np.int64) - 1
+        num_traces = len(self.starts)
+        trace_steps = np.bincount(step_trace, minlength=num_traces)
+        trace_ms = np.bincount(step_trace, weights=step_ms, minlength=num_traces)
+        ar_ms = self.latency.autoregressive_ms
+        traces = tuple(
+            TraceReplay(
+                prompt_index=trace.prompt_index,
+                prompt_id=trace.prompt_id,
+                tokens=trace.num_positions,
+                steps=int(trace_steps[j]),
+                time_ms=float(trace_ms[j]),
+                autoregressive_ms=trace.num_positions * ar_ms,
+            )
+            for j, trace in enumerate(self.profile.traces)
+        )
+        step_estimate = (
+            np.full(len(steps), np.nan) if estimates is None else estimates[steps].copy()
+        )
+        return ReplayResult(
+            tokens=self.num_positions,
+            steps=len(steps),
+            time_ms=math.fsum(step_ms.tolist()),
+            autoregressive_ms=self.num_positions * ar_ms,
+            tree_ms=self.tree_ms,
+            traces=traces,
+            step_trace=step_trace,
+            step_position=steps - self.starts[step_trace],
+            step_tree=step_tree,
+            step_accept=step_accept,
+            step_estimate=step_estimate,
+        )
+
+
+def replay(
+    profile: Profile, schedule_or_tree: Schedule | Tree, latency: LatencyModel
+) -> ReplayResult:
+    """Exact greedy replay of a schedule (or one static tree) over every trajectory."""
+    schedule = as_schedule(schedule_or_tree)
+    replayer = Replayer(profile, schedule.trees, latency)
+    return replayer.run_schedule(
+        schedule.estimator, schedule.thresholds, range(schedule.num_buckets)
+    )
+
+
+def oracle_replay(
+    profile: Profile, trees: Sequence[Tree], latency: LatencyModel
+) -> ReplayResult:
+    """The best tree of ``trees`` at every step in hindsight: an upper bound on any schedule."""
+    return Replayer(profile, trees, latency).oracle()
+
+
+def best_static(
+    profile: Profile, trees: Sequence[Tree], latency: LatencyModel
+) -> tuple[int, ReplayResult]:
+    """The single tree with the highest replayed tokens/s (ties: the lowest index)."""
+    replayer = Replayer(profile, trees, latency)
+    return best_static_of(replayer)
+
+
+def best_static_of(replayer: Replayer) -> tuple[int, ReplayResult]:
+    best_index, best_result = 0, replayer.static(0)
+    for index in range(1, len(replayer.trees)):
+        result = replayer.static(index)
+        if result.time_ms < best_result.time_ms:
+            best_index, best_result = index, result
+    return best_index, best_result
