@@ -1,0 +1,754 @@
+"""Draft heads on a frozen base model (Medusa, Hydra) and their checkpoint formats.
+
+Both head types read the base model's final-norm hidden state ``h_t`` at the last accepted
+position, whose lm_head logits chose the root (pending) token ``x_{t+1}``. Head ``d`` (1-based)
+predicts ``x_{t+1+d}``, the token ``d`` steps after the root.
+
+- Medusa (FasterDecoding/Medusa, ``medusa/model/medusa_model.py``): per head ``num_layers``
+  ResBlocks ``x + SiLU(Linear(x))`` then a vocabulary projection (Linear without bias).
+- Hydra ``mlp`` heads (zankner/Hydra, ``hydra/model/hydra_heads/mlp_head.py``): head ``d`` reads
+  ``[h_t, e(x_{t+1}), ..., e(x_{t+d})]`` (``e``: the base model's input embedding), so it
+  depends on the root and the drafted tokens above it. Its first block maps
+  ``(d + 1) * hidden -> hidden`` with a learned residual projection, later blocks are ResBlocks,
+  and its vocabulary projection is a Linear with bias.
+
+With ``shared_lm_head`` the vocabulary projection is the base model's lm_head, which is never
+stored or hashed. The base input embedding (Hydra) is always shared.
+
+Checkpoint formats read by :func:`load_heads`:
+- entmtp: ``config.json`` (``format: "entmtp-heads"``) + ``heads.safetensors`` (this module's
+  state-dict names; half precision allowed, loaded back in the base model's dtype).
+- Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and
+  ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``; keys ``{head}.{layer}.linear.weight``,
+  ``{head}.{layer}.linear.bias``, ``{head}.{num_layers}.weight`` (the state dict of Medusa's
+  ``medusa_head`` ModuleList). A checkpoint without the projection keys keeps Medusa's
+  initialisation, a copy of the base lm_head, so it loads as a shared lm_head.
+- Hydra: ``config.json`` with ``hydra_num_heads``, ``hydra_num_layers``, ``hydra_head_arch``
+  (only ``"mlp"``), ``grounded_heads``, ``hidden_state_offset`` (only 0) and
+  ``hydra_lm_head.pt``; keys ``hydra_mlp.{head}.{layer}.linear.*``,
+  ``hydra_mlp.{head}.0.res_connection.*`` (grounded heads), ``hydra_lm_head.{head}.weight/bias``
+  (the state dict of Hydra's ``HydraMLP``; its ``input_embed_fn.*`` copy of the base embedding is
+  ignored).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from entmtp.treesearch._errors import EntmtpError
+from torch import Tensor, nn
+
+HEADS_FORMAT = "entmtp-heads"
+HEADS_FORMAT_VERSION = 1
+HEADS_WEIGHTS = "heads.safetensors"
+HEADS_CONFIG = "config.json"
+HEAD_TYPES = ("medusa", "hydra")
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(Linear(x))``; the weight starts at zero so a new block is the identity."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class ConditionedResBlock(nn.Module):
+    """Hydra's first block of a grounded head: ``Residual(x) + SiLU(Linear(x))``, in -> out."""
+
+    def __init__(self, in_size: int, out_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_size, out_size)
+        self.residual = nn.Linear(in_size, out_size)
+        nn.init.zeros_(self.linear.weight)
+        # Start as the identity on the hidden-state part, so a new head begins as the base
+        # model's own next-token guess rather than noise.
+        with torch.no_grad():
+            self.residual.weight.zero_()
+            self.residual.weight[:, :out_size].copy_(torch.eye(out_size))
+            self.residual.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.residual(x) + F.silu(self.linear(x))
+
+
+class DraftHeads(nn.Module):
+    """Base class of the draft heads; see the module docstring for the semantics."""
+
+    head_type: str = ""
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        lm_head: nn.Module | None,
+        projection_bias: bool,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise EntmtpError(
+                f"draft heads need num_heads >= 1 and num_layers >= 1, got {num_heads} and "
+                f"{num_layers}"
+            )
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.base_model_name = ""
+        # Kept in a tuple so that nn.Module does not register (store, hash, move) base weights.
+        self._shared_lm_head: tuple[nn.Module, ...] = (lm_head,) if lm_head is not None else ()
+        self.proj: nn.ModuleList | None = None
+        if lm_head is None:
+            self.proj = nn.ModuleList(
+                nn.Linear(hidden_size, vocab_size, bias=projection_bias) for _ in range(num_heads)
+            )
+
+    @property
+    def shared_lm_head(self) -> bool:
+        return bool(self._shared_lm_head)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _check_depth(self, depth: int) -> None:
+        if not 1 <= depth <= self.num_heads:
+            raise ValueError(f"depth must be in 1..{self.num_heads}, got {depth}")
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        """[N, hidden_size] input of head ``depth``'s vocabulary projection."""
+        raise NotImplementedError
+
+    def projection_weight(self, depth: int) -> tuple[Tensor, Tensor | None]:
+        """(weight [vocab, hidden], bias [vocab] or None) of head ``depth``'s projection."""
+        if self._shared_lm_head:
+            lm_head = self._shared_lm_head[0]
+            return lm_head.weight, getattr(lm_head, "bias", None)
+        linear = self.proj[depth - 1]
+        return linear.weight, linear.bias
+
+    def project(self, depth: int, features: Tensor, vocab_ids: Tensor | None = None) -> Tensor:
+        """Logits [N, vocab] (or [N, len(vocab_ids)] over that subset) of head ``depth``."""
+        weight, bias = self.projection_weight(depth)
+        if vocab_ids is not None:
+            weight = weight[vocab_ids]
+            bias = bias[vocab_ids] if bias is not None else None
+        features = features.to(weight.dtype)
+        return F.linear(features, weight, bias)
+
+    def head_logits(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        """[N, vocab_size] logits of head ``depth`` (1-based).
+
+        hidden: [N, hidden_size] base final-norm hidden state at the last accepted position.
+        prefix_tokens: [N, depth] the root token then the drafted tokens at depths
+        1..depth-1 (Hydra reads them; Medusa ignores them and accepts None).
+        """
+        return self.project(depth, self.head_features(depth, hidden, prefix_tokens))
+
+    def config_dict(self) -> dict[str, Any]:
+        """The structural fields of the entmtp config (no file-level metadata)."""
+        return {
+            "head_type": self.head_type,
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "shared_lm_head": self.shared_lm_head,
+        }
+
+    def sha256(self) -> str:
+        """Stable hash of the head weights (float32 values) and structure.
+
+        A shared base lm_head is not part of it; half-precision storage then float32 loading
+        gives the same hash as the stored values.
+        """
+        return _weights_sha256(self.config_dict(), self.state_dict())
+
+
+class MedusaHeads(DraftHeads):
+    """Medusa heads: ResBlocks on the base hidden state, then a vocabulary projection."""
+
+    head_type = "medusa"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        lm_head: nn.Module | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+            projection_bias=False,
+        )
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)))
+            for _ in range(num_heads)
+        )
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        self._check_depth(depth)
+        return self.blocks[depth - 1](hidden.to(self.dtype))
+
+    def all_head_logits(self, hidden: Tensor) -> Tensor:
+        """[num_heads, N, vocab_size] logits of every head (one projection when shared)."""
+        features = torch.stack(
+            [self.head_features(d, hidden, None) for d in range(1, self.num_heads + 1)]
+        )
+        if self.shared_lm_head:
+            weight, bias = self.projection_weight(1)
+            return F.linear(features.to(weight.dtype), weight, bias)
+        return torch.stack(
+            [self.project(d, features[d - 1]) for d in range(1, self.num_heads + 1)]
+        )
+
+
+class HydraHeads(DraftHeads):
+    """Hydra ``mlp`` heads: head d reads the hidden state and the embeddings of its prefix."""
+
+    head_type = "hydra"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        embed: nn.Module,
+        lm_head: nn.Module | None = None,
+        grounded: bool = True,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+            projection_bias=True,
+        )
+        self.grounded = grounded
+        self._embed: tuple[nn.Module, ...] = (embed,)
+        self.first = nn.ModuleList(
+            ConditionedResBlock((depth + 1) * hidden_size, hidden_size)
+            if grounded
+            else ResBlock(hidden_size)
+            for depth in range(1, num_heads + 1)
+        )
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers - 1)))
+            for _ in range(num_heads)
+        )
+        if self.proj is not None:
+            for linear in self.proj:
+                nn.init.zeros_(linear.bias)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        return self._embed[0](tokens)
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        self._check_depth(depth)
+        x = hidden.to(self.dtype)
+        if self.grounded:
+            if prefix_tokens is None or prefix_tokens.shape != (x.shape[0], depth):
+                got = None if prefix_tokens is None else tuple(prefix_tokens.shape)
+                raise ValueError(
+                    f"Hydra head {depth} needs prefix_tokens of shape [{x.shape[0]}, {depth}] "
+                    f"(root token, then drafted tokens), got {got}"
+                )
+            embedded = self.embed_tokens(prefix_tokens.to(x.device)).to(x.dtype)
+            x = torch.cat([x, embedded.reshape(x.shape[0], depth * self.hidden_size)], dim=-1)
+        return self.blocks[depth - 1](self.first[depth - 1](x))
+
+    def config_dict(self) -> dict[str, Any]:
+        return {**super().config_dict(), "grounded": self.grounded}
+
+
+# ---------------------------------------------------------------------------------------------
+# Base model access
+
+
+def _unwrap_base(base: Any) -> nn.Module:
+    """The HF causal-LM module, given it or a wrapper with a ``.model`` module attribute."""
+    if isinstance(base, nn.Module) and hasattr(base, "get_output_embeddings"):
+        return base
+    inner = getattr(base, "model", None)
+    if isinstance(inner, nn.Module) and hasattr(inner, "get_output_embeddings"):
+        return inner
+    raise EntmtpError(
+        f"expected a causal language model (transformers PreTrainedModel), got "
+        f"{type(base).__name__}; pass the base model loaded by entmtp"
+    )
+
+
+def base_dimensions(base: Any) -> tuple[int, int]:
+    """(hidden_size, vocab_size) of the base model's lm_head."""
+    lm_head = _unwrap_base(base).get_output_embeddings()
+    vocab_size, hidden_size = lm_head.weight.shape
+    return int(hidden_size), int(vocab_size)
+
+
+def new_heads(
+    base: Any,
+    *,
+    head_type: str,
+    num_heads: int = 4,
+    num_layers: int = 1,
+    shared_lm_head: bool = True,
+    grounded: bool = True,
+    seed: int = 0,
+) -> DraftHeads:
+    """Fresh heads for ``base`` (in its dtype and device), initialised as Medusa and Hydra do.
+
+    With an own projection, each head's projection starts as a copy of the base lm_head.
+    """
+    module = _unwrap_base(base)
+    hidden_size, vocab_size = base_dimensions(module)
+    lm_head = module.get_output_embeddings()
+    shared = lm_head if shared_lm_head else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        heads = _build_heads(
+            head_type,
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=shared,
+            embed=module.get_input_embeddings(),
+            grounded=grounded,
+        )
+    if heads.proj is not None:
+        with torch.no_grad():
+            for linear in heads.proj:
+                linear.weight.copy_(lm_head.weight)
+    heads.base_model_name = _base_model_name(module)
+    parameter = next(module.parameters())
+    return heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+
+
+def _build_heads(
+    head_type: str,
+    *,
+    num_heads: int,
+    num_layers: int,
+    hidden_size: int,
+    vocab_size: int,
+    lm_head: nn.Module | None,
+    embed: nn.Module,
+    grounded: bool,
+) -> DraftHeads:
+    if head_type == "medusa":
+        return MedusaHeads(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+        )
+    if head_type == "hydra":
+        return HydraHeads(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            embed=embed,
+            lm_head=lm_head,
+            grounded=grounded,
+        )
+    raise EntmtpError(f"unknown head type {head_type!r}; use one of {', '.join(HEAD_TYPES)}")
+
+
+def _base_model_name(module: nn.Module) -> str:
+    config = getattr(module, "config", None)
+    return str(getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "") or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing
+
+
+def _weights_sha256(structure: Mapping[str, Any], state: Mapping[str, Tensor]) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps(dict(structure), sort_keys=True).encode())
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu", torch.float32).contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving (entmtp format)
+
+
+def save_heads(
+    heads: DraftHeads,
+    folder: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = torch.float16,
+    topk_default: int = 10,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``heads`` as an entmtp heads folder (``config.json`` + ``heads.safetensors``).
+
+    The folder is built next to ``folder`` and renamed into place, so readers see the old folder
+    or the new one. ``dtype`` is the storage precision (None keeps the heads' own); ``extra``
+    goes into the config under ``"training"`` (data, seed, wall time, accuracy, ...).
+    """
+    from safetensors.torch import save_file
+
+    target = Path(folder)
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+    except OSError as err:
+        raise EntmtpError(
+            f"cannot write heads to {target}: {err.strerror}; choose a writable --out"
+        ) from err
+    try:
+        state = {
+            name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+            for name, tensor in heads.state_dict().items()
+        }
+        config = {
+            "format": HEADS_FORMAT,
+            "format_version": HEADS_FORMAT_VERSION,
+            **heads.config_dict(),
+            "base_model": heads.base_model_name,
+            "topk_default": int(topk_default),
+            "storage_dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
+            "sha256": _weights_sha256(heads.config_dict(), state),
+        }
+        if extra:
+            config["training"] = dict(extra)
+        save_file(state, str(staging / HEADS_WEIGHTS), metadata={"format": HEADS_FORMAT})
+        (staging / HEADS_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    if not target.is_dir():
+        raise EntmtpError(f"{target} exists and is not a folder; choose another --out")
+    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, retired / target.name)
+    os.replace(staging, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def detect_heads_format(path: str | os.PathLike) -> str:
+    """"entmtp", "medusa" or "hydra" for a heads folder; EntmtpError when it is none of them."""
+    return _detect(Path(path), _read_config(Path(path)))
+
+
+def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
+    """Load heads from an entmtp, Medusa or Hydra folder onto ``base`` (its dtype and device)."""
+    folder = Path(path)
+    config = _read_config(folder)
+    kind = _detect(folder, config)
+    module = _unwrap_base(base)
+    if kind == "entmtp":
+        heads = _load_entmtp(folder, config, module)
+    elif kind == "medusa":
+        heads = _load_medusa(folder, config, module)
+    else:
+        heads = _load_hydra(folder, config, module)
+    parameter = next(module.parameters())
+    return heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    if not folder.is_dir():
+        raise EntmtpError(f"heads path {folder} is not a folder; pass the folder that holds "
+                          "config.json and the head weights")
+    config_path = folder / HEADS_CONFIG
+    if not config_path.is_file():
+        raise EntmtpError(f"{folder} has no config.json; it is not an entmtp, Medusa or Hydra "
+                          "heads folder")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise EntmtpError(f"cannot read {config_path}: {err}") from err
+    if not isinstance(config, dict):
+        raise EntmtpError(f"{config_path} must hold a JSON object")
+    return config
+
+
+def _detect(folder: Path, config: Mapping[str, Any]) -> str:
+    if config.get("format") == HEADS_FORMAT:
+        return "entmtp"
+    if "medusa_num_heads" in config:
+        return "medusa"
+    if "hydra_num_heads" in config:
+        return "hydra"
+    raise EntmtpError(
+        f"{folder}/config.json is not a heads config (no format: {HEADS_FORMAT!r}, "
+        "medusa_num_heads or hydra_num_heads)"
+    )
+
+
+def _weights_file(folder: Path, stem: str) -> Path:
+    for suffix in (".safetensors", ".pt"):
+        candidate = folder / f"{stem}{suffix}"
+        if candidate.is_file():
+            return candidate
+    raise EntmtpError(f"{folder} has no {stem}.safetensors or {stem}.pt")
+
+
+def _read_state(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # corrupt or foreign file: one line for the user
+        raise EntmtpError(f"cannot read head weights {path}: {err}") from err
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise EntmtpError(f"{path} is not a state dict of tensors")
+    return dict(state)
+
+
+def _int_field(
+    config: Mapping[str, Any], key: str, folder: Path, default: int | None = None
+) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EntmtpError(f"{folder}/config.json: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_base_match(folder: Path, hidden_size: int, vocab_size: int, module: nn.Module) -> None:
+    base_hidden, base_vocab = base_dimensions(module)
+    if hidden_size != base_hidden or vocab_size != base_vocab:
+        raise EntmtpError(
+            f"heads in {folder} are for hidden size {hidden_size} and vocabulary {vocab_size}, "
+            f"but the base model has {base_hidden} and {base_vocab}; pass the base model the "
+            "heads were trained for (--model)"
+        )
+
+
+def _load_state_into(heads: DraftHeads, state: Mapping[str, Tensor], source: Path) -> None:
+    expected = heads.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise EntmtpError(f"head weights {source} do not match their config: {detail}")
+    for name, tensor in expected.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise EntmtpError(
+                f"head weights {source}: {name} has shape {tuple(state[name].shape)}, expected "
+                f"{tuple(tensor.shape)}; the heads do not fit this base model"
+            )
+    heads.load_state_dict({name: state[name].to(torch.float32) for name in expected})
+
+
+def _load_entmtp(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    version = config.get("format_version", HEADS_FORMAT_VERSION)
+    if not isinstance(version, int) or version > HEADS_FORMAT_VERSION:
+        raise EntmtpError(
+            f"{folder}: heads format_version {version!r} is newer than this entmtp reads "
+            f"({HEADS_FORMAT_VERSION}); upgrade entmtp"
+        )
+    head_type = config.get("head_type")
+    if head_type not in HEAD_TYPES:
+        raise EntmtpError(f"{folder}/config.json: head_type must be medusa or hydra, got "
+                          f"{head_type!r}")
+    hidden_size = _int_field(config, "hidden_size", folder)
+    vocab_size = _int_field(config, "vocab_size", folder)
+    _check_base_match(folder, hidden_size, vocab_size, module)
+    heads = _build_heads(
+        head_type,
+        num_heads=_int_field(config, "num_heads", folder),
+        num_layers=_int_field(config, "num_layers", folder),
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        lm_head=module.get_output_embeddings() if config.get("shared_lm_head", True) else None,
+        embed=module.get_input_embeddings(),
+        grounded=bool(config.get("grounded", True)),
+    )
+    weights = folder / HEADS_WEIGHTS
+    if not weights.is_file():
+        raise EntmtpError(f"{folder} has no {HEADS_WEIGHTS}")
+    _load_state_into(heads, _read_state(weights), weights)
+    heads.base_model_name = str(config.get("base_model", ""))
+    return heads
+
+
+def _same_as_lm_head(weight: Tensor, bias: Tensor | None, lm_head: nn.Module) -> bool:
+    base_weight = lm_head.weight.detach().to("cpu")
+    if tuple(weight.shape) != tuple(base_weight.shape):
+        return False
+    if bias is not None and bool(bias.any()):
+        return False
+    return torch.equal(weight.to(base_weight.dtype), base_weight)
+
+
+def _shared_or_own(
+    state: Mapping[str, Tensor], keys: list[tuple[str, str | None]], lm_head: nn.Module, path: Path
+) -> bool:
+    """True when every head's projection is absent or a copy of the base lm_head (-> share)."""
+    present = [weight_key in state for weight_key, _ in keys]
+    if any(present) and not all(present):
+        raise EntmtpError(f"{path}: some heads have a vocabulary projection and some do not")
+    if not any(present):
+        return True
+    return all(
+        _same_as_lm_head(state[w], state.get(b) if b else None, lm_head) for w, b in keys
+    )
+
+
+def _load_medusa(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    num_heads = _int_field(config, "medusa_num_heads", folder)
+    num_layers = _int_field(config, "medusa_num_layers", folder, default=1)
+    path = _weights_file(folder, "medusa_lm_head")
+    state = _strip_prefix(_read_state(path), "medusa_head.")
+    hidden_size, vocab_size = base_dimensions(module)
+    first = state.get("0.0.linear.weight")
+    if first is None:
+        raise EntmtpError(f"{path} has no key 0.0.linear.weight; it is not a Medusa head file")
+    projection = state.get(f"0.{num_layers}.weight")
+    _check_base_match(
+        folder,
+        int(first.shape[1]),
+        int(projection.shape[0]) if projection is not None else vocab_size,
+        module,
+    )
+    lm_head = module.get_output_embeddings()
+    keys = [(f"{h}.{num_layers}.weight", None) for h in range(num_heads)]
+    shared = _shared_or_own(state, keys, lm_head, path)
+    heads = MedusaHeads(
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        lm_head=lm_head if shared else None,
+    )
+    own: dict[str, Tensor] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            for part in ("weight", "bias"):
+                own[f"blocks.{h}.{layer}.linear.{part}"] = _take(
+                    state, f"{h}.{layer}.linear.{part}", path
+                )
+        if not shared:
+            own[f"proj.{h}.weight"] = state[f"{h}.{num_layers}.weight"]
+    _load_state_into(heads, own, path)
+    heads.base_model_name = str(config.get("base_model_name_or_path", ""))
+    return heads
+
+
+def _load_hydra(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    arch = config.get("hydra_head_arch", "mlp")
+    if arch != "mlp":
+        raise EntmtpError(
+            f"{folder}: Hydra head architecture {arch!r} is not supported; entmtp reads "
+            "hydra_head_arch 'mlp' only"
+        )
+    if config.get("hidden_state_offset", 0):
+        raise EntmtpError(
+            f"{folder}: Hydra heads with hidden_state_offset "
+            f"{config.get('hidden_state_offset')} read an inner layer, which is not supported; "
+            "entmtp feeds the final-norm hidden state (offset 0)"
+        )
+    num_heads = _int_field(config, "hydra_num_heads", folder)
+    num_layers = _int_field(config, "hydra_num_layers", folder, default=1)
+    grounded = bool(config.get("grounded_heads", False))
+    path = _weights_file(folder, "hydra_lm_head")
+    state = _read_state(path)
+    first = state.get("hydra_mlp.0.0.linear.weight")
+    projection = state.get("hydra_lm_head.0.weight")
+    if first is None or projection is None:
+        raise EntmtpError(f"{path} has no hydra_mlp.0.0.linear.weight or "
+                          "hydra_lm_head.0.weight; it is not a Hydra mlp head file")
+    hidden_size = int(first.shape[0])
+    _check_base_match(folder, hidden_size, int(projection.shape[0]), module)
+    if int(first.shape[1]) != (2 if grounded else 1) * hidden_size:
+        raise EntmtpError(
+            f"{path}: first Hydra block reads {int(first.shape[1])} features, which does not "
+            f"match grounded_heads={grounded} with hidden size {hidden_size}"
+        )
+    vocab_size = int(projection.shape[0])
+    lm_head = module.get_output_embeddings()
+    keys = [(f"hydra_lm_head.{h}.weight", f"hydra_lm_head.{h}.bias") for h in range(num_heads)]
+    shared = _shared_or_own(state, keys, lm_head, path)
+    heads = HydraHeads(
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        embed=module.get_input_embeddings(),
+        lm_head=lm_head if shared else None,
+        grounded=grounded,
+    )
+    own: dict[str, Tensor] = {}
+    for h in range(num_heads):
+        for part in ("weight", "bias"):
+            own[f"first.{h}.linear.{part}"] = _take(state, f"hydra_mlp.{h}.0.linear.{part}", path)
+            if grounded:
+                own[f"first.{h}.residual.{part}"] = _take(
+                    state, f"hydra_mlp.{h}.0.res_connection.{part}", path
+                )
+            for layer in range(1, num_layers):
+                own[f"blocks.{h}.{layer - 1}.linear.{part}"] = _take(
+                    state, f"hydra_mlp.{h}.{layer}.linear.{part}", path
+                )
+        if not shared:
+            own[f"proj.{h}.weight"] = state[f"hydra_lm_head.{h}.weight"]
+            bias = state.get(f"hydra_lm_head.{h}.bias")
+            own[f"proj.{h}.bias"] = bias if bias is not None else torch.zeros(vocab_size)
+    _load_state_into(heads, own, path)
+    heads.base_model_name = str(config.get("base_model_name_or_path", ""))
+    return heads
+
+
+def _strip_prefix(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    if state and all(name.startswith(prefix) for name in state):
+        return {name[len(prefix):]: tensor for name, tensor in state.items()}
+    return state
+
+
+def _take(state: Mapping[str, Tensor], key: str, path: Path) -> Tensor:
+    if key not in state:
+        raise EntmtpError(f"head weights {path} lack {key}; the file does not match its config")
+    return state[key]
