@@ -285,7 +285,10 @@ def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
     except (TypeError, ValueError) as err:
         raise EntmtpError(f"{source}: cannot be written as JSON: {_short(str(err))}") from err
     parse_bundle(text, source=source)
-    return atomic_write_text(path, text)
+    try:
+        return atomic_write_text(path, text)
+    except OSError as err:
+        raise EntmtpError(f"cannot write {source}: {err.strerror or err}") from err
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -465,7 +468,8 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
             index = int(best_obj["tree_index"])
             if index >= len(trees):
                 raise EntmtpError(
-                    f"{source}: best_static.tree_index: {index} but there are {len(trees)} trees"
+                    f"{source}: best_static.tree_index: {index} is not a tree index "
+                    f"(0..{len(trees) - 1})"
                 )
             best_tree = trees[index]
         else:
