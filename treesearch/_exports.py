@@ -67,6 +67,13 @@ def select_tree(bundle: Bundle, tree_index: int | None = None) -> Tree:
     return bundle.trees[tree_index]
 
 
+def _write(path: str | os.PathLike, text: str) -> Path:
+    try:
+        return atomic_write_text(path, text)
+    except OSError as err:
+        raise EntmtpError(f"cannot write {path}: {err.strerror or err}") from err
+
+
 def _require_nodes(tree: Tree, fmt: str) -> None:
     if tree.num_nodes == 0:
         raise EntmtpError(
@@ -107,7 +114,7 @@ def write_medusa_choices(
         text = medusa_python_text(tree, name=name, topk=topk)
     else:
         text = json.dumps(to_medusa_choices(tree, topk=topk)) + "\n"
-    return atomic_write_text(path, text)
+    return _write(path, text)
 
 
 # -- TensorRT-LLM -----------------------------------------------------------------------------
@@ -126,7 +133,7 @@ def trtllm_yaml_text(tree: Tree) -> str:
 
 
 def write_trtllm_choices(tree: Tree, path: str | os.PathLike) -> Path:
-    return atomic_write_text(path, trtllm_yaml_text(tree))
+    return _write(path, trtllm_yaml_text(tree))
 
 
 # -- vLLM -------------------------------------------------------------------------------------
@@ -239,7 +246,7 @@ def write_vllm_config(
     tree: Tree, path: str | os.PathLike, *, largest_regular_subtree: bool = False
 ) -> Path:
     config = vllm_config(tree, largest_regular_subtree=largest_regular_subtree)
-    return atomic_write_text(path, json.dumps(config, indent=2) + "\n")
+    return _write(path, json.dumps(config, indent=2) + "\n")
 
 
 # -- dispatcher -------------------------------------------------------------------------------
