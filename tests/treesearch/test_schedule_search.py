@@ -1,0 +1,232 @@
+"""Schedule calibration: guarantees against best static / oracle, storage, and the premise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._greedy import best_trees
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._profile import Profile, Trace
+from entmtp.treesearch._replay import Replayer, best_static, replay
+from entmtp.treesearch._schedule import Schedule
+from entmtp.treesearch._schedule_search import (
+    _Objective,
+    calibrate_schedule,
+    open_storage,
+    thresholds_from_levels,
+)
+from entmtp.treesearch._synthetic import synthetic_profile
+
+SIZES = (1, 3, 7, 15, 31, 63)
+
+
+def small_profile(seed: int = 0) -> Profile:
+    return synthetic_profile(num_traces=6, positions=160, seed=seed)
+
+
+def candidates_for(profile: Profile, sizes=SIZES):
+    trees = best_trees(profile.ranks(), max(sizes))
+    return [trees[n - 1] for n in sizes if n <= len(trees)]
+
+
+def with_constant_entropy(profile: Profile) -> Profile:
+    """Same ranks, but an entropy that carries no information."""
+    traces = [
+        Trace(t.prompt_index, t.prompt_id, np.full_like(t.entropy, 1.5), t.ranks)
+        for t in profile.traces
+    ]
+    return Profile(profile.meta, traces)
+
+
+# -- thresholds ---------------------------------------------------------------------------
+
+
+def test_thresholds_cut_at_the_requested_quantiles_between_estimates():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        estimates = np.round(rng.exponential(1.0, int(rng.integers(2, 200))), 1)
+        levels = rng.uniform(0, 1, int(rng.integers(0, 5)))
+        thresholds = thresholds_from_levels(estimates, levels)
+        assert all(b > a for a, b in zip(thresholds, thresholds[1:], strict=False))
+        assert not set(thresholds) & set(estimates.tolist())
+        distinct = np.unique(estimates)
+        below = [(estimates < t).mean() for t in thresholds]
+        for q in levels:
+            # The cut for q is the lowest cut between distinct estimates that keeps >= q below,
+            # unless every estimate is needed (then there is no threshold).
+            cuts = [(estimates <= v).mean() for v in distinct[:-1]]
+            wanted = min((c for c in cuts if c >= q), default=None)
+            if wanted is not None:
+                assert any(abs(b - wanted) < 1e-12 for b in below)
+
+
+def test_thresholds_need_two_distinct_estimates():
+    assert thresholds_from_levels(np.full(10, 2.0), [0.3, 0.7]) == ()
+    assert thresholds_from_levels(np.arange(5.0), []) == ()
+
+
+# -- the per-bucket tree choice ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_coordinate_ascent_is_locally_optimal_and_replays_exactly(seed):
+    rng = np.random.default_rng(seed)
+    profile = small_profile(seed)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    replayer = Replayer(profile, candidates, latency)
+    start, static = best_static(profile, candidates, latency)
+    objective = _Objective(replayer, start, 4)
+    estimator = EntropyEstimator.ema(float(rng.uniform(0.05, 1)))
+    thresholds = thresholds_from_levels(replayer.estimates(estimator), np.sort(rng.random(3)))
+    choice, time_ms = objective.assign_trees(estimator, thresholds)
+    schedule = Schedule(tuple(candidates[i] for i in choice), thresholds, estimator)
+    exact = replay(profile, schedule, latency)
+    assert time_ms == pytest.approx(exact.time_ms, rel=1e-12)
+    assert exact.time_ms <= static.time_ms * (1 + 1e-12)
+    for b in range(len(choice)):
+        for c in range(len(candidates)):
+            moved = list(choice)
+            moved[b] = c
+            other = Schedule(tuple(candidates[i] for i in moved), thresholds, estimator)
+            assert replay(profile, other, latency).time_ms >= exact.time_ms * (1 - 1e-12)
+
+
+# -- calibrate_schedule guarantees ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seed", "latency"),
+    [
+        (0, LatencyModel.cpu_like()),
+        (1, LatencyModel.gpu_like()),
+        (2, LatencyModel.cpu_like(depth_ms=9.0)),
+    ],
+)
+def test_calibrated_schedule_sits_between_best_static_and_oracle(seed, latency):
+    profile = small_profile(seed)
+    candidates = candidates_for(profile)
+    found = calibrate_schedule(profile, candidates, latency, n_trials=12, seed=seed)
+    index, static = best_static(profile, candidates, latency)
+    assert found.best_static_index == index
+    assert found.best_static.time_ms == static.time_ms
+    assert found.result.time_ms <= static.time_ms
+    assert found.oracle.time_ms <= found.result.time_ms * (1 + 1e-12)
+    # The reported result is the exact replay of the reported schedule.
+    again = replay(profile, found.schedule, latency)
+    assert again.time_ms == found.result.time_ms
+    assert found.schedule.trees == tuple(candidates[i] for i in found.bucket_candidates)
+    assert 1.0 <= found.gain_over_static and found.fraction_of_oracle <= 1.0 + 1e-12
+    assert found.study.n_trials == 12
+
+
+def test_one_bucket_gives_the_best_static_tree():
+    profile = small_profile(4)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    found = calibrate_schedule(profile, candidates, latency, n_trials=5, max_buckets=1)
+    assert found.schedule.num_buckets == 1
+    assert found.schedule.trees[0] == candidates[found.best_static_index]
+    assert found.result.time_ms == found.best_static.time_ms
+    assert found.study.best_trial is None
+    # Any estimator with one bucket replays exactly like the static tree.
+    for estimator in (EntropyEstimator.ema(0.1), EntropyEstimator.window(5)):
+        one = Schedule.static(found.schedule.trees[0], estimator=estimator)
+        assert replay(profile, one, latency).time_ms == found.best_static.time_ms
+
+
+def test_seeded_runs_are_deterministic():
+    profile = small_profile(5)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    a = calibrate_schedule(profile, candidates, latency, n_trials=15, seed=3)
+    b = calibrate_schedule(profile, candidates, latency, n_trials=15, seed=3)
+    assert a.schedule == b.schedule
+    assert a.result.time_ms == b.result.time_ms
+    assert a.study == b.study
+
+
+def test_entropy_schedule_beats_every_static_tree_on_regime_switching_data():
+    """The product's premise: where entropy separates easy from hard stretches, switching trees
+    by entropy is strictly faster than the best single tree; with the entropy signal removed
+    (same ranks, constant entropy) nothing beats the best single tree."""
+    profile = synthetic_profile(num_traces=12, positions=256, seed=0)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    found = calibrate_schedule(profile, candidates, latency, n_trials=25, seed=0)
+    assert found.schedule.num_buckets >= 2
+    assert found.result.tokens_per_second > found.best_static.tokens_per_second
+    assert found.result.tokens_per_second <= found.oracle.tokens_per_second
+
+    flat = calibrate_schedule(with_constant_entropy(profile), candidates, latency, n_trials=8)
+    assert flat.schedule.num_buckets == 1
+    assert flat.result.time_ms == flat.best_static.time_ms == found.best_static.time_ms
+
+
+# -- storage --------------------------------------------------------------------------------
+
+
+def test_journal_storage_is_shared_between_runs(tmp_path):
+    profile = small_profile(6)
+    candidates = candidates_for(profile, (1, 7, 31))
+    latency = LatencyModel.cpu_like()
+    storage = f"journal:{tmp_path / 'study.log'}"
+    first = calibrate_schedule(
+        profile, candidates, latency, n_trials=4, storage=storage, study_name="s", seed=1
+    )
+    second = calibrate_schedule(
+        profile, candidates, latency, n_trials=3, storage=storage, study_name="s", seed=2
+    )
+    assert first.study.n_trials == 4 and second.study.n_trials == 7
+    assert second.result.time_ms <= first.result.time_ms
+    assert second.study.storage == storage
+
+
+def test_a_shared_study_refuses_another_profile(tmp_path):
+    latency = LatencyModel.cpu_like()
+    storage = f"journal:{tmp_path / 'study.log'}"
+    profile = small_profile(7)
+    candidates = candidates_for(profile, (1, 7))
+    calibrate_schedule(profile, candidates, latency, n_trials=2, storage=storage)
+    with pytest.raises(EntmtpError, match="another profile"):
+        calibrate_schedule(small_profile(8), candidates, latency, n_trials=2, storage=storage)
+
+
+def test_open_storage(tmp_path):
+    assert open_storage(None) is None
+    assert open_storage(f"journal:{tmp_path / 'a.log'}") is not None
+    assert open_storage(f"sqlite:///{tmp_path / 'a.db'}") is not None
+    for bad in (
+        f"journal:{tmp_path / 'missing' / 'a.log'}",
+        "journal:",
+        "nosuchdb://nowhere",
+        f"sqlite:///{tmp_path / 'missing' / 'a.db'}",
+        "",
+    ):
+        with pytest.raises(EntmtpError):
+            open_storage(bad)
+
+
+def test_a_journal_that_is_a_folder_is_an_error(tmp_path):
+    profile = small_profile(9)
+    candidates = candidates_for(profile, (1, 7))
+    with pytest.raises(EntmtpError, match="journal"):
+        calibrate_schedule(
+            profile, candidates, LatencyModel.cpu_like(), n_trials=1, storage=f"journal:{tmp_path}"
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"n_trials": -1}, "n_trials"), ({"max_buckets": 0}, "max_buckets")],
+)
+def test_bad_options_are_rejected(kwargs, field):
+    profile = small_profile(0)
+    with pytest.raises(EntmtpError, match=field):
+        calibrate_schedule(
+            profile, candidates_for(profile, (1,)), LatencyModel.cpu_like(), **kwargs
+        )
+    with pytest.raises(EntmtpError, match="candidate"):
+        calibrate_schedule(profile, [], LatencyModel.cpu_like())

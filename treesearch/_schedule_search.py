@@ -1,0 +1,340 @@
+"""Calibrate an entropy schedule over candidate trees with Optuna, scored by exact replay.
+
+Each trial proposes the parts that are not additive (see DESIGN.md):
+
+- the number of buckets ``B`` in ``1..max_buckets``;
+- the estimator: ``ema`` (alpha on a log scale), ``window`` (size on a log scale) or ``last``;
+- ``B - 1`` quantile levels in [0, 1] of the calibration estimates under that estimator, turned
+  into thresholds halfway between the quantile's estimate and the next larger one (so an
+  estimate never sits on a threshold, and float noise in a live estimate rarely flips a bucket).
+
+The tree per bucket is not sampled: given the buckets, it is chosen by coordinate ascent on the
+exact replayed time. Start with the best static tree in every bucket; for each bucket in turn try
+every candidate and keep it if the whole profile replays strictly faster; sweep until a sweep
+changes nothing. Replay is exact and cheap, and every trial starts from the best static tree
+and only keeps improvements, so no trial scores below it. The trial's value is replayed
+tokens/s on the given profile (tokens are fixed, so this is minimal total time).
+
+The final schedule is the best trial's, with adjacent buckets that share a tree merged, and it
+is replayed once more in full; if it is not strictly faster than the best static tree, the
+static tree is returned instead. It can never beat the hindsight oracle over the candidates,
+which is returned alongside.
+
+``storage``: None (in memory), an Optuna database URL, or ``journal:PATH`` (a journal file that
+several processes can share; give each process its own ``seed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import EntmtpError
+from ._estimator import EntropyEstimator
+from ._latency import LatencyModel
+from ._profile import Profile
+from ._replay import Replayer, ReplayResult, best_static_of, replay
+from ._schedule import Schedule
+from ._tree import Tree
+
+JOURNAL_PREFIX = "journal:"
+DEFAULT_STUDY_NAME = "entmtp-schedule"
+ALPHA_RANGE = (0.005, 1.0)
+WINDOW_RANGE = (2, 64)
+_FINGERPRINT_ATTR = "entmtp_schedule_fingerprint"
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    study_name: str
+    storage: str | None  # None: in memory
+    n_trials: int  # completed trials in the study, from every process that shared it
+    best_trial: int | None  # number of the trial the schedule came from; None: static fallback
+    best_value: float  # the best trial's replayed tokens/s
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleSearchResult:
+    schedule: Schedule
+    result: ReplayResult  # exact replay of ``schedule`` on the calibration profile
+    candidates: tuple[Tree, ...]
+    bucket_candidates: tuple[int, ...]  # index into ``candidates`` of each schedule tree
+    best_static_index: int  # index into ``candidates``
+    best_static: ReplayResult
+    oracle: ReplayResult  # best candidate per step in hindsight: the bound for any schedule
+    study: StudySummary
+
+    @property
+    def gain_over_static(self) -> float:
+        """Schedule tokens/s over the best static tree's (>= 1)."""
+        return self.result.tokens_per_second / self.best_static.tokens_per_second
+
+    @property
+    def fraction_of_oracle(self) -> float:
+        """Schedule tokens/s over the oracle's (<= 1)."""
+        return self.result.tokens_per_second / self.oracle.tokens_per_second
+
+
+def _optuna():
+    try:
+        import optuna
+    except ImportError as err:  # pragma: no cover - optuna is a core dependency
+        raise EntmtpError(
+            "schedule calibration needs optuna: pip install 'optuna>=3.4'"
+        ) from err
+    return optuna
+
+
+def open_storage(storage: str | None) -> Any:
+    """``None`` (in memory), an Optuna database URL, or ``journal:PATH`` -> an Optuna storage.
+
+    Raises ``EntmtpError`` when the storage cannot be opened.
+    """
+    if storage is None:
+        return None
+    if not isinstance(storage, str) or not storage.strip():
+        raise EntmtpError(f"Optuna storage must be a URL or journal:PATH, got {storage!r}")
+    optuna = _optuna()
+    if storage.startswith(JOURNAL_PREFIX):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = storage[len(JOURNAL_PREFIX) :]
+        if not path:
+            raise EntmtpError("journal storage needs a file: use journal:PATH")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise EntmtpError(
+                f"cannot open Optuna journal {path!r}: folder {folder} does not exist; create it"
+            )
+        try:
+            return JournalStorage(JournalFileBackend(path))
+        except Exception as err:  # noqa: BLE001 - any failure means the journal is unusable
+            raise EntmtpError(
+                f"cannot open Optuna journal {path!r} ({type(err).__name__}: {err}); "
+                "give a writable file path"
+            ) from err
+    try:
+        return optuna.storages.RDBStorage(storage)
+    except Exception as err:  # noqa: BLE001 - sqlalchemy raises many kinds
+        raise EntmtpError(
+            f"cannot open Optuna storage {storage!r} ({type(err).__name__}); use journal:PATH "
+            "or a database URL such as sqlite:///study.db"
+        ) from err
+
+
+def thresholds_from_levels(estimates: np.ndarray, levels: Sequence[float]) -> tuple[float, ...]:
+    """Thresholds for quantile ``levels`` of ``estimates``: strictly ascending, deduplicated.
+
+    Each lies halfway between the estimate at that quantile and the next larger distinct
+    estimate; a level at or above the largest estimate gives no threshold.
+    """
+    distinct = np.unique(np.asarray(estimates, dtype=np.float64))
+    if len(distinct) < 2 or len(levels) == 0:
+        return ()
+    values = np.quantile(estimates, np.clip(np.asarray(levels, dtype=np.float64), 0, 1),
+                         method="inverted_cdf")
+    above = np.searchsorted(distinct, values, side="right")
+    above = above[above < len(distinct)]
+    mids = (distinct[above - 1] + distinct[above]) / 2.0
+    return tuple(float(t) for t in np.unique(mids))
+
+
+def _fingerprint(profile: Profile, candidates: Sequence[Tree], latency: LatencyModel) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([t.to_json() for t in candidates]).encode())
+    digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms]).encode())
+    digest.update(np.ascontiguousarray(profile.entropy()).tobytes())
+    digest.update(np.ascontiguousarray(profile.ranks()).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class _Objective:
+    """Trial -> replayed tokens/s, with the tree per bucket chosen by coordinate ascent."""
+
+    def __init__(self, replayer: Replayer, start: int, max_buckets: int) -> None:
+        self.replayer = replayer
+        self.start = start
+        self.max_buckets = max_buckets
+        self.tokens = replayer.num_positions
+        self.static_ms = replayer.time_ms(np.full(replayer.num_positions, start, dtype=np.int64))
+        self._times: dict[tuple, float] = {}
+
+    def suggest(self, trial) -> tuple[EntropyEstimator, tuple[float, ...]]:
+        num_buckets = trial.suggest_int("num_buckets", 1, self.max_buckets)
+        kind = trial.suggest_categorical("estimator", ["ema", "window", "last"])
+        if kind == "ema":
+            estimator = EntropyEstimator.ema(trial.suggest_float("alpha", *ALPHA_RANGE, log=True))
+        elif kind == "window":
+            size = trial.suggest_int("window", *WINDOW_RANGE, log=True)
+            estimator = EntropyEstimator.window(size)
+        else:
+            estimator = EntropyEstimator.last()
+        levels = [trial.suggest_float(f"level{b}", 0.0, 1.0) for b in range(num_buckets - 1)]
+        estimates = self.replayer.estimates(estimator)
+        return estimator, thresholds_from_levels(estimates, levels)
+
+    def __call__(self, trial) -> float:
+        estimator, thresholds = self.suggest(trial)
+        bucket_trees, time_ms = self.assign_trees(estimator, thresholds)
+        trial.set_user_attr("estimator", estimator.to_json())
+        trial.set_user_attr("thresholds", list(thresholds))
+        trial.set_user_attr("bucket_trees", bucket_trees)
+        return 1000.0 * self.tokens / time_ms
+
+    def assign_trees(
+        self, estimator: EntropyEstimator, thresholds: tuple[float, ...]
+    ) -> tuple[list[int], float]:
+        """Coordinate ascent on replayed time from the best static tree in every bucket."""
+        num_buckets = len(thresholds) + 1
+        choice = [self.start] * num_buckets
+        if num_buckets == 1:
+            return choice, self.static_ms
+        buckets = np.searchsorted(
+            np.asarray(thresholds), self.replayer.estimates(estimator), side="right"
+        )
+        occupied = np.bincount(buckets, minlength=num_buckets) > 0
+        trees = self.replayer.trees
+
+        def time_of(assignment: list[int]) -> float:
+            key = (estimator, thresholds, tuple(assignment))
+            if key not in self._times:
+                tree_at = np.asarray(assignment, dtype=np.int64)[buckets]
+                self._times[key] = self.replayer.time_ms(tree_at)
+            return self._times[key]
+
+        best = self.static_ms
+        changed = True
+        while changed:
+            changed = False
+            for b in np.flatnonzero(occupied).tolist():
+                for c in range(len(trees)):
+                    if trees[c] == trees[choice[b]]:
+                        continue
+                    proposal = choice.copy()
+                    proposal[b] = c
+                    time_ms = time_of(proposal)
+                    if time_ms < best:
+                        best, choice, changed = time_ms, proposal, True
+        return choice, best
+
+
+def _merge_buckets(
+    candidates: Sequence[Tree], bucket_trees: Sequence[int], thresholds: Sequence[float]
+) -> tuple[list[int], list[float]]:
+    """Drop thresholds between adjacent buckets that use the same tree."""
+    kept_trees, kept_thresholds = [bucket_trees[0]], []
+    for threshold, index in zip(thresholds, bucket_trees[1:], strict=True):
+        if candidates[index] == candidates[kept_trees[-1]]:
+            continue
+        kept_trees.append(index)
+        kept_thresholds.append(threshold)
+    return kept_trees, kept_thresholds
+
+
+def calibrate_schedule(
+    profile: Profile,
+    candidates: Sequence[Tree],
+    latency: LatencyModel,
+    *,
+    n_trials: int = 200,
+    seed: int = 0,
+    max_buckets: int = 4,
+    storage: str | None = None,
+    study_name: str | None = None,
+    show_progress: bool = False,
+) -> ScheduleSearchResult:
+    """Search buckets, thresholds, estimator and tree per bucket for the best replayed tokens/s.
+
+    Never returns a schedule slower than the best single candidate on ``profile``; see the module
+    doc for the search space and the coordinate ascent that picks each bucket's tree.
+    """
+    candidates = tuple(candidates)
+    if not candidates:
+        raise EntmtpError("no candidate trees to schedule: build a Pareto front first")
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0:
+        raise EntmtpError(f"n_trials must be a non-negative integer, got {n_trials!r}")
+    if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 1:
+        raise EntmtpError(f"max_buckets must be an integer >= 1, got {max_buckets!r}")
+    optuna = _optuna()
+    replayer = Replayer(profile, candidates, latency)
+    static_index, static_result = best_static_of(replayer)
+    oracle = replayer.oracle()
+    objective = _Objective(replayer, static_index, max_buckets)
+
+    name = study_name or DEFAULT_STUDY_NAME
+    opened = open_storage(storage)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        try:
+            study = optuna.create_study(
+                storage=opened,
+                study_name=name,
+                direction="maximize",
+                sampler=optuna.samplers.TPESampler(seed=seed),
+                load_if_exists=True,
+            )
+        except Exception as err:  # noqa: BLE001 - storage backends raise many kinds
+            raise EntmtpError(
+                f"cannot create or load study {name!r} in {storage!r} ({type(err).__name__}: "
+                f"{err}); check the storage or choose another --study-name"
+            ) from err
+        fingerprint = _fingerprint(profile, candidates, latency)
+        existing = study.user_attrs.get(_FINGERPRINT_ATTR)
+        if existing is None:
+            study.set_user_attr(_FINGERPRINT_ATTR, fingerprint)
+        elif existing != fingerprint:
+            raise EntmtpError(
+                f"study {name!r} was run on another profile, candidate set or latency model: "
+                "choose a new study name"
+            )
+        if n_trials:
+            study.optimize(objective, n_trials=n_trials, show_progress_bar=show_progress)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+    completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    schedule = Schedule.static(candidates[static_index])
+    bucket_candidates = [static_index]
+    best_trial, best_value = None, static_result.tokens_per_second
+    result = static_result
+    if completed:
+        best = study.best_trial
+        best_value = float(best.value)
+        merged_trees, merged_thresholds = _merge_buckets(
+            candidates, best.user_attrs["bucket_trees"], best.user_attrs["thresholds"]
+        )
+        if len(merged_trees) > 1:
+            proposal = Schedule(
+                tuple(candidates[i] for i in merged_trees),
+                tuple(merged_thresholds),
+                EntropyEstimator.from_json(best.user_attrs["estimator"]),
+            )
+            proposal_result = replay(profile, proposal, latency)
+            if proposal_result.time_ms < static_result.time_ms:
+                schedule, result = proposal, proposal_result
+                bucket_candidates, best_trial = merged_trees, best.number
+    summary = StudySummary(
+        study_name=name,
+        storage=storage,
+        n_trials=len(completed),
+        best_trial=best_trial,
+        best_value=best_value if math.isfinite(best_value) else 0.0,
+    )
+    return ScheduleSearchResult(
+        schedule=schedule,
+        result=result,
+        candidates=candidates,
+        bucket_candidates=tuple(bucket_candidates),
+        best_static_index=static_index,
+        best_static=static_result,
+        oracle=oracle,
+        study=summary,
+    )
