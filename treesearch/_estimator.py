@@ -221,5 +221,6 @@ def _ema(values: np.ndarray, segment: np.ndarray, offset: np.ndarray, alpha: flo
     while shift < longest and factor > 0.0:
         same = segment[shift:] == segment[:-shift]
         out[shift:] += np.where(same, factor * out[:-shift], 0.0)
-        shift, factor = 2 * shift, factor * factor
+        shift = 2 * shift
+        factor = decay**shift  # pow, not repeated squaring, whose error doubles every pass
     return out
