@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -150,8 +151,13 @@ class Profile:
                 prompt_length = data["prompt_length"]
                 entropy = data["entropy"]
                 ranks = data["ranks"]
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-            raise EntmtpError(f"profile {path} is unreadable or truncated ({err}); re-run it") from err
+        # A cut-off .npz fails in zipfile (BadZipFile, EOFError), not only with OSError.
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise EntmtpError(
+                f"profile {path} is unreadable or truncated ({err}); re-run it"
+            ) from err
+        if not isinstance(header, dict):
+            raise EntmtpError(f"{path} is not an entmtp profile (its header is not a JSON object)")
         if header.get("format") != PROFILE_FORMAT:
             raise EntmtpError(f"{path} is not an entmtp profile (format={header.get('format')!r})")
         if int(header.get("format_version", 0)) > PROFILE_FORMAT_VERSION:
@@ -159,11 +165,17 @@ class Profile:
                 f"profile {path} has format_version {header['format_version']}, newer than this "
                 f"entmtp reads ({PROFILE_FORMAT_VERSION}): upgrade entmtp"
             )
-        meta = ProfileMeta(**header["meta"])
+        try:
+            meta = ProfileMeta(**header["meta"])
+            prompt_ids = list(header["prompt_ids"])
+        except (KeyError, TypeError) as err:
+            raise EntmtpError(f"profile {path} has a bad header ({err}); re-run it") from err
+        if not (len(prompt_ids) == len(prompt_index) == len(prompt_length) == len(offsets) - 1):
+            raise EntmtpError(f"profile {path} has inconsistent trace counts; re-run it")
         traces = [
             Trace(
                 prompt_index=int(prompt_index[i]),
-                prompt_id=str(header["prompt_ids"][i]),
+                prompt_id=str(prompt_ids[i]),
                 entropy=entropy[offsets[i] : offsets[i + 1]],
                 ranks=ranks[offsets[i] : offsets[i + 1]],
                 prompt_length=int(prompt_length[i]),

@@ -2,11 +2,11 @@
 
 Each trace alternates low- and high-entropy regimes (a sticky two-state Markov chain). Head ``j``
 at position ``i`` must predict token ``i + j`` from the state that also produced token ``i``; its
-difficulty is the mean entropy of tokens ``i .. i+j``. Low difficulty: head 1 is top-1 about 80% of the time; high: about 30%, with a
-heavier tail over ranks 1..k-1. Accuracy decays with depth. Heads are *not* independent given
-entropy: once a head misses the top-1 (or the top-k), later heads are likelier to miss, so deep
-all-hit paths are more common than the product of per-head marginals says and Medusa's
-independence model is measurably off (pessimistic) on these profiles.
+difficulty is the mean entropy of tokens ``i .. i+j``. Low difficulty: head 1 is top-1 about 80%
+of the time; high: about 30%, with a heavier tail over ranks 1..k-1. Accuracy decays with depth.
+Heads are *not* independent given entropy: once a head misses the top-1 (or the top-k), later
+heads are likelier to miss, so deep all-hit paths are more common than the product of per-head
+marginals says and Medusa's independence model is measurably off (pessimistic) on these profiles.
 """
 
 from __future__ import annotations

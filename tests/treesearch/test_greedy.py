@@ -7,10 +7,6 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
-
 from entmtp.treesearch._acceptance import (
     expected_accept_length,
     head_rank_probabilities,
@@ -26,6 +22,9 @@ from entmtp.treesearch._greedy import (
     independence_tree,
 )
 from entmtp.treesearch._tree import Tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 
 def all_prefix_closed_trees(heads: int, topk: int, size: int) -> set[frozenset]:
@@ -73,7 +72,9 @@ def test_greedy_matches_brute_force(seed: int, heads: int, topk: int) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(ranks=arrays(np.int16, st.tuples(st.integers(1, 12), st.just(2)), elements=st.integers(-1, 2)))
+@given(
+    ranks=arrays(np.int16, st.tuples(st.integers(1, 12), st.just(2)), elements=st.integers(-1, 2))
+)
 def test_greedy_matches_brute_force_on_arbitrary_ranks(ranks: np.ndarray) -> None:
     observed = len(prefix_probabilities(ranks))
     for size in range(1, min(4, observed) + 1):

@@ -1,0 +1,132 @@
+"""LatencyModel: exact recovery of a known model, interpolation, JSON, and rejected inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._tree import Tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def reference_step_ms(knots, values, depth_ms, n, d) -> float:
+    """Piecewise linear through (knots, values), extended linearly past the last, plus depth."""
+    for i in range(1, len(knots)):
+        x0, y0, x1, y1 = knots[i - 1], values[i - 1], knots[i], values[i]
+        if n <= x1 or x1 == knots[-1]:
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0) + depth_ms * d
+    return values[0] + depth_ms * d
+
+
+@st.composite
+def known_models(draw):
+    knots = sorted(draw(st.sets(st.integers(1, 200), min_size=1, max_size=6)))
+    knots = [0, *knots]
+    values = [draw(st.floats(1.0, 500.0)) for _ in knots]
+    depth_ms = draw(st.one_of(st.just(0.0), st.floats(0.01, 20.0)))
+    return knots, values, depth_ms
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=known_models())
+def test_from_measurements_recovers_known_model(model) -> None:
+    knots, values, depth_ms = model
+    rows = [(n, d, v + depth_ms * d) for n, v in zip(knots, values, strict=True)
+            for d in (1, 2, 4)]
+    fitted = LatencyModel.from_measurements(rows, autoregressive_ms=7.5)
+    assert fitted.nodes == tuple(knots)
+    np.testing.assert_allclose(fitted.verify_ms, values, rtol=1e-9, atol=1e-9)
+    assert fitted.depth_ms == pytest.approx(depth_ms, abs=1e-9)
+    assert fitted.autoregressive_ms == 7.5
+    for n in range(0, knots[-1] + 30, 7):
+        for d in (0, 3):
+            assert fitted.step_ms(n, d) == pytest.approx(
+                reference_step_ms(knots, values, depth_ms, n, d), rel=1e-9, abs=1e-9
+            )
+
+
+def test_step_ms_vectorizes_and_scores_trees() -> None:
+    model = LatencyModel(nodes=(0, 10, 20), verify_ms=(5.0, 10.0, 30.0), autoregressive_ms=4.0,
+                         depth_ms=0.5)
+    n = np.array([0, 5, 10, 15, 20, 30])
+    d = np.array([0, 1, 2, 3, 4, 5])
+    np.testing.assert_allclose(model.step_ms(n, d), [5.0, 8.0, 11.0, 21.5, 32.0, 52.5])
+    assert isinstance(model.step_ms(3, 1), float)
+    tree = Tree.from_paths([[0], [1], [0, 0]])
+    assert model.tree_ms(tree) == pytest.approx(5.0 + 0.5 * 3 + 0.5 * 2)
+
+
+def test_missing_zero_knot_is_extended_flat() -> None:
+    fitted = LatencyModel.from_measurements([(4, 1, 10.0), (8, 1, 14.0)], autoregressive_ms=3.0)
+    assert fitted.nodes == (0, 4, 8)
+    assert fitted.step_ms(0, 1) == pytest.approx(10.0)
+
+
+def test_a_negative_depth_fit_falls_back_to_no_depth_term() -> None:
+    rows = [(4, 1, 12.0), (4, 3, 10.0), (8, 1, 20.0), (8, 3, 18.0)]
+    fitted = LatencyModel.from_measurements(rows, autoregressive_ms=3.0)
+    assert fitted.depth_ms == 0.0
+    np.testing.assert_allclose(fitted.verify_ms, [11.0, 11.0, 19.0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(model=known_models())
+def test_json_round_trip(model, tmp_path_factory) -> None:
+    knots, values, depth_ms = model
+    latency = LatencyModel.from_measurements(
+        [(n, d, v + depth_ms * d) for n, v in zip(knots, values, strict=True) for d in (1, 2)],
+        autoregressive_ms=2.0,
+        hardware={"kind": "test", "threads": 2},
+    )
+    assert LatencyModel.from_json(json.loads(json.dumps(latency.to_json()))) == latency
+    path = tmp_path_factory.mktemp("latency") / "latency.json"
+    assert LatencyModel.load(latency.save(path)) == latency
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"nodes": (), "verify_ms": ()},
+        {"nodes": (0, 4), "verify_ms": (1.0,)},
+        {"nodes": (1, 4), "verify_ms": (1.0, 2.0)},  # must start at 0
+        {"nodes": (0, 4, 4), "verify_ms": (1.0, 2.0, 3.0)},  # must ascend strictly
+        {"nodes": (0, 4), "verify_ms": (1.0, -2.0)},
+        {"nodes": (0, 4), "verify_ms": (1.0, float("nan"))},
+        {"nodes": (0, 4), "verify_ms": (1.0, float("inf"))},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "depth_ms": -1.0},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "autoregressive_ms": -1.0},
+    ],
+)
+def test_bad_values_rejected(kwargs) -> None:
+    kwargs = {"autoregressive_ms": 1.0, **kwargs}
+    with pytest.raises(EntmtpError):
+        LatencyModel(**kwargs)
+
+
+def test_bad_files_and_json_rejected(tmp_path) -> None:
+    with pytest.raises(EntmtpError):
+        LatencyModel.from_measurements([], autoregressive_ms=1.0)
+    with pytest.raises(EntmtpError):
+        LatencyModel.from_json({"format": "entmtp-bundle"})
+    with pytest.raises(EntmtpError):
+        LatencyModel.from_json({"nodes": [0, 1]})
+    with pytest.raises(EntmtpError):
+        LatencyModel.from_json({"nodes": [0, 1], "verify_ms": ["a", 1], "autoregressive_ms": 1})
+    with pytest.raises(EntmtpError):
+        LatencyModel.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(EntmtpError):
+        LatencyModel.load(bad)
+
+
+def test_synthetic_presets_are_valid() -> None:
+    gpu = LatencyModel.gpu_like()
+    assert gpu.step_ms(0, 0) == gpu.step_ms(63, 0)  # flat while the tree fits the slack
+    assert gpu.step_ms(128, 0) > gpu.step_ms(63, 0)
+    cpu = LatencyModel.cpu_like()
+    assert np.all(np.diff(cpu.step_ms(np.arange(0, 200), 0)) >= 0)
