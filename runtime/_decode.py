@@ -1,0 +1,372 @@
+"""Live tree-attention speculative decoding, and the autoregressive baseline on the same machinery.
+
+Decoding state between steps: the cache holds the prompt and every emitted token except the
+pending one (the root of the next tree), ``hidden`` is the final-norm hidden state of the last
+cached position (whose logits chose the pending token). A step drafts a tree under the pending
+token, verifies it in one forward, keeps the accepted path in the cache and emits its drafted
+tokens plus the base model's next token after the leaf, which becomes the new pending token.
+
+Generated token ``i`` is the pending token of the step at position ``i``, so a step at position
+``i`` that keeps ``d`` drafted tokens has accept length ``1 + d`` and the next step is at
+``i + 1 + d``: the offline replay's positions and accept lengths. At the end, drafts past
+``max_new_tokens`` or after an EOS token are cut (and the accept length with them); the decoder
+runs no step at the last position, where the replay books a final one-token step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._tree import Tree
+from transformers.cache_utils import DynamicCache
+
+from ._drafter import TreeDrafter
+from ._kv_cache import check_cache, compact_cache, new_cache
+from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
+from ._scheduler import Scheduler
+from ._tree_attention import TreePlan, tree_plan
+from ._verify import check_tree_attention_support, forward_tokens, greedy_accept, tree_forward
+
+MODES = ("greedy", "typical", "rejection")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """One decoding step."""
+
+    position: int  # index of the step's pending token among the generated tokens
+    entropy_estimate: float  # estimate the scheduler chose the tree from (nan: static tree)
+    tree_index: int  # index of the tree in the scheduler's list
+    num_nodes: int
+    depth: int
+    accept_length: int  # 1 + drafted tokens kept (after EOS / max_new_tokens cuts)
+    draft_ms: float  # heads + top-k + node tokens
+    verify_ms: float  # the base-model forward over the tree (+ lm_head)
+    bookkeeping_ms: float  # mask, acceptance, cache compaction, entropies, scheduler
+
+    @property
+    def step_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.bookkeeping_ms
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # generated ids (prompt excluded), cut after the first EOS
+    steps: int  # decoding steps after the prefill
+    accept_lengths: list[int]  # per step
+    prefill_ms: float
+    decode_ms: float  # wall time of all steps
+    step_log: list[StepLog] = field(default_factory=list)
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accept_lengths) / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens over the whole call (prefill included)."""
+        total_ms = self.prefill_ms + self.decode_ms
+        return 1000.0 * len(self.tokens) / total_ms if total_ms > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens the steps produced (all but the prefill's first) over the steps' time."""
+        produced = max(len(self.tokens) - 1, 0)
+        return 1000.0 * produced / self.decode_ms if self.decode_ms > 0 else 0.0
+
+
+class _Clock:
+    """Wall-clock milliseconds that wait for queued device work first."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else None
+
+    def now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter() * 1000.0
+
+
+def _as_prompt(input_ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device)
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1 or ids.numel() == 0:
+        raise EntmtpError(
+            f"input_ids must be one non-empty prompt ([length] or [1, length]), got shape "
+            f"{tuple(ids.shape)}"
+        )
+    return ids
+
+
+def _model_dtype_device(model: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
+    weight = model.get_output_embeddings().weight
+    return weight.dtype, weight.device
+
+
+def _cut(drafts: list[int], room: int, eos: frozenset[int]) -> list[int]:
+    """Drafts that may be emitted: at most ``room``, through the first EOS."""
+    kept = drafts[:room]
+    for j, token in enumerate(kept):
+        if token in eos:
+            return kept[: j + 1]
+    return kept
+
+
+@dataclass
+class DecodingState:
+    """What a step needs: the cache (prompt + emitted tokens except the pending one)."""
+
+    cache: DynamicCache
+    past_len: int  # tokens in the cache
+    pending: int  # the root of the next tree: emitted, not yet cached
+    hidden: torch.Tensor  # [1, hidden_size] final-norm hidden state of the last cached position
+
+
+@dataclass
+class StepOutcome:
+    """One draft + verify + accept, before the path is committed to the cache."""
+
+    plan: TreePlan
+    node_tokens: list[int]  # [q] token of every tree node, root first
+    path: list[int]  # accepted node indices, root first
+    next_token: int  # base model's token after the path's leaf
+    hidden: torch.Tensor  # [q, hidden_size]
+    logits: torch.Tensor  # [q, vocab]
+    draft_ms: float
+    verify_ms: float
+    accept_ms: float
+
+
+AcceptFn = Callable[[TreePlan, torch.Tensor, torch.Tensor], tuple[list[int], int]]
+
+
+class SpeculativeDecoder:
+    """Tree-attention speculative decoding of ``model`` with Medusa or Hydra ``heads``.
+
+    ``topk`` is the number of candidates each head drafts (one int, or one per head); every tree
+    a scheduler picks must have its ranks below it.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, heads: torch.nn.Module, *, topk: int | Sequence[int] = 10
+    ) -> None:
+        check_tree_attention_support(model)
+        self.model = model
+        self.heads = heads
+        self.topk = topk
+        self.dtype, self.device = _model_dtype_device(model)
+        vocab_size, hidden_size = model.get_output_embeddings().weight.shape
+        if (heads.hidden_size, heads.vocab_size) != (hidden_size, vocab_size):
+            raise EntmtpError(
+                f"draft heads are for hidden size {heads.hidden_size} and vocab "
+                f"{heads.vocab_size} but the model has {hidden_size} and {vocab_size}: load heads "
+                "trained for this model"
+            )
+        self.drafter = TreeDrafter(heads)
+        self.clock = _Clock(self.device)
+
+    def plan(self, tree: Tree) -> TreePlan:
+        """The cached plan of ``tree``; raises ``EntmtpError`` if the heads cannot draft it."""
+        tree.check_fits(num_heads=self.heads.num_heads)
+        return tree_plan(tree, self.topk, self.device)
+
+    # -- steps -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(
+        self, input_ids: torch.Tensor | Sequence[int], choose: Callable[[torch.Tensor], int]
+    ) -> tuple[DecodingState, torch.Tensor]:
+        """Run the prompt; ``choose(last_logits)`` picks the first pending token.
+
+        Returns the state and the prompt's last logits [vocab].
+        """
+        prompt = _as_prompt(input_ids, self.device)
+        cache = new_cache(self.model)
+        hidden, logits = forward_tokens(self.model, cache, prompt.unsqueeze(0))
+        check_cache(cache)
+        state = DecodingState(cache, int(prompt.numel()), choose(logits[-1]), hidden[-1:])
+        return state, logits[-1]
+
+    @torch.inference_mode()
+    def step(self, state: DecodingState, plan: TreePlan, accept: AcceptFn) -> StepOutcome:
+        """Draft ``plan``'s tree under the pending token, verify it, pick the accepted path.
+
+        The cache then holds all tree tokens; ``commit`` keeps the chosen path.
+        """
+        clock = self.clock
+        t0 = clock.now()
+        root = torch.tensor([state.pending], dtype=torch.int64, device=self.device)
+        drafted = self.drafter.draft(plan, root, state.hidden)
+        t1 = clock.now()
+        hidden, logits = tree_forward(self.model, state.cache, plan, drafted, state.past_len,
+                                      dtype=self.dtype)
+        t2 = clock.now()
+        path, next_token = accept(plan, drafted, logits)
+        node_tokens = drafted.tolist()
+        t3 = clock.now()
+        return StepOutcome(plan, node_tokens, path, next_token, hidden, logits,
+                           t1 - t0, t2 - t1, t3 - t2)
+
+    @staticmethod
+    @torch.inference_mode()
+    def commit(state: DecodingState, outcome: StepOutcome, path: list[int]) -> None:
+        """Keep ``path`` (a prefix of the accepted path) in the cache; its leaf's token follows."""
+        compact_cache(state.cache, state.past_len, path)
+        state.past_len += len(path)
+        state.hidden = outcome.hidden[path[-1] : path[-1] + 1]
+        state.pending = outcome.next_token
+
+    def accept_fn(
+        self, mode: str, *, temperature: float, generator: torch.Generator,
+        posterior_threshold: float, posterior_alpha: float,
+    ) -> AcceptFn:
+        if mode == "greedy":
+            return greedy_accept
+        if mode == "typical":
+            return partial(typical_accept, temperature=temperature,
+                           posterior_threshold=posterior_threshold,
+                           posterior_alpha=posterior_alpha, generator=generator)
+        return partial(rejection_accept, temperature=temperature, generator=generator)
+
+    # -- generation ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        scheduler: Scheduler,
+        *,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int] = (),
+        mode: str = "greedy",
+        temperature: float = 0.0,
+        seed: int = 0,
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+    ) -> DecodeResult:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (stopping after an EOS).
+
+        ``mode``: ``greedy`` (lossless: the output equals greedy decoding), ``typical`` (Medusa's
+        typical acceptance with ``posterior_threshold`` / ``posterior_alpha``) or ``rejection``
+        (lossless sampling at ``temperature``). Sampling modes need ``temperature > 0`` and draw
+        from a generator seeded with ``seed``.
+        """
+        if mode not in MODES:
+            raise EntmtpError(f"decoding mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+        if mode != "greedy" and not temperature > 0:
+            raise EntmtpError(f"mode {mode!r} samples: give a temperature > 0 (or use greedy)")
+        if max_new_tokens < 0:
+            raise EntmtpError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        for tree in scheduler.trees:
+            self.plan(tree)
+        eos = frozenset(int(t) for t in eos_token_ids)
+        if max_new_tokens == 0:
+            _as_prompt(input_ids, self.device)
+            return DecodeResult([], 0, [], 0.0, 0.0)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(seed))
+        accept = self.accept_fn(mode, temperature=temperature, generator=generator,
+                                posterior_threshold=posterior_threshold,
+                                posterior_alpha=posterior_alpha)
+
+        def choose(logits: torch.Tensor) -> int:
+            if mode == "greedy":
+                return int(logits.argmax())
+            return sample_from(logits_to_probs(logits, temperature), generator)
+
+        clock = self.clock
+        start = clock.now()
+        state, last_logits = self.prefill(input_ids, choose)
+        tokens = [state.pending]
+        scheduler.reset()
+        scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
+        prefill_ms = clock.now() - start
+
+        log: list[StepLog] = []
+        decode_start = clock.now()
+        while len(tokens) < max_new_tokens and tokens[-1] not in eos:
+            t0 = clock.now()
+            choice = scheduler.choose()
+            plan = tree_plan(choice.tree, self.topk, self.device)
+            t1 = clock.now()
+            outcome = self.step(state, plan, accept)
+            t2 = clock.now()
+            drafts = _cut([outcome.node_tokens[node] for node in outcome.path[1:]],
+                          max_new_tokens - len(tokens), eos)
+            path = outcome.path[: len(drafts) + 1]
+            self.commit(state, outcome, path)
+            position = len(tokens) - 1
+            tokens.extend(drafts)
+            if len(tokens) < max_new_tokens and tokens[-1] not in eos:
+                tokens.append(outcome.next_token)
+            scheduler.observe(entropy_from_logits(outcome.logits[path]).tolist())
+            t3 = clock.now()
+            log.append(StepLog(
+                position=position,
+                entropy_estimate=choice.estimate,
+                tree_index=choice.index,
+                num_nodes=plan.num_nodes,
+                depth=plan.depth,
+                accept_length=len(path),
+                draft_ms=outcome.draft_ms,
+                verify_ms=outcome.verify_ms,
+                bookkeeping_ms=(t1 - t0) + outcome.accept_ms + (t3 - t2),
+            ))
+        decode_ms = clock.now() - decode_start
+        return DecodeResult(
+            tokens=tokens,
+            steps=len(log),
+            accept_lengths=[s.accept_length for s in log],
+            prefill_ms=prefill_ms,
+            decode_ms=decode_ms,
+            step_log=log,
+        )
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor | Sequence[int],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+) -> DecodeResult:
+    """Plain greedy decoding, one token per forward, on the same cache and forward as the decoder.
+
+    Each step is logged with accept length 1 and its forward time as ``verify_ms``.
+    """
+    check_tree_attention_support(model)
+    if max_new_tokens < 0:
+        raise EntmtpError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    _, device = _model_dtype_device(model)
+    eos = frozenset(int(t) for t in eos_token_ids)
+    prompt = _as_prompt(input_ids, device)
+    if max_new_tokens == 0:
+        return DecodeResult([], 0, [], 0.0, 0.0)
+    clock = _Clock(device)
+    start = clock.now()
+    cache = new_cache(model)
+    _, logits = forward_tokens(model, cache, prompt.unsqueeze(0))
+    tokens = [int(logits[-1].argmax())]
+    prefill_ms = clock.now() - start
+    log: list[StepLog] = []
+    decode_start = clock.now()
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
+        t0 = clock.now()
+        step_input = torch.tensor([[tokens[-1]]], dtype=torch.int64, device=device)
+        _, logits = forward_tokens(model, cache, step_input)
+        t1 = clock.now()
+        tokens.append(int(logits[-1].argmax()))
+        t2 = clock.now()
+        log.append(StepLog(len(tokens) - 2, float("nan"), 0, 0, 0, 1, 0.0, t1 - t0, t2 - t1))
+    decode_ms = clock.now() - decode_start
+    return DecodeResult(tokens, len(log), [1] * len(log), prefill_ms, decode_ms, log)

@@ -1,0 +1,70 @@
+"""The proposer: token of every tree node from Medusa or Hydra draft heads.
+
+Medusa heads see only the hidden state, so one top-k per head serves the whole tree:
+``tokens = [root, head1 top-k, head2 top-k, ...][tree_indices]``. Hydra heads also read the
+node's path prefix, so they run level by level, batched over the level's distinct parents.
+"""
+
+from __future__ import annotations
+
+import torch
+from entmtp.treesearch._errors import EntmtpError
+
+from ._tree_attention import TreePlan
+
+HEAD_TYPES = ("medusa", "hydra")
+
+
+class TreeDrafter:
+    """Draft the tokens of a tree's nodes from ``heads`` (see calibrate's ``DraftHeads``)."""
+
+    def __init__(self, heads: torch.nn.Module) -> None:
+        head_type = getattr(heads, "head_type", None)
+        if head_type not in HEAD_TYPES:
+            raise EntmtpError(
+                f"draft heads have head_type {head_type!r}: expected one of {list(HEAD_TYPES)}"
+            )
+        self.heads = heads
+        self.head_type = head_type
+
+    @torch.inference_mode()
+    def draft(self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Tokens of the root and every node: [q] int64.
+
+        ``root``: [1] int64, the pending token; ``hidden``: [1, hidden_size], the final-norm
+        hidden state of the last cached position (whose logits chose ``root``).
+        """
+        if plan.depth == 0:
+            return root.reshape(1)
+        if self.head_type == "medusa":
+            return self._draft_medusa(plan, root, hidden)
+        return self._draft_hydra(plan, root, hidden)
+
+    def _draft_medusa(
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        heads = self.heads
+        if plan.depth == heads.num_heads and hasattr(heads, "all_head_logits"):
+            logits = heads.all_head_logits(hidden)[:, 0]  # [depth, V]
+        else:
+            logits = torch.cat(
+                [heads.head_logits(d, hidden, None) for d in range(1, plan.depth + 1)]
+            )
+        top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk]
+        # Same as Medusa's [root, head1 top-k, ...][tree_indices], also for per-head top-k.
+        nodes = top[plan.node_head, plan.node_rank]
+        return torch.cat([root.reshape(1).to(nodes.device), nodes])
+
+    def _draft_hydra(
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        tokens = torch.empty(plan.size, dtype=torch.int64, device=plan.depths.device)
+        tokens[0] = root.reshape(())
+        for depth in range(1, plan.depth + 1):
+            expand = plan.expand_nodes[depth - 1]
+            prefix = tokens[plan.ancestors[expand, :depth]]  # [u, depth]: root .. parent
+            logits = self.heads.head_logits(depth, hidden.expand(len(expand), -1), prefix)
+            nodes = plan.level_nodes[depth]
+            top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk]
+            tokens[nodes] = top[plan.parent_slot[depth - 1], plan.ranks[nodes]]
+        return tokens

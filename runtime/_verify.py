@@ -1,0 +1,155 @@
+"""The scorer: one base-model forward over a tree, and greedy acceptance of its longest path.
+
+The forward calls the decoder and the output embedding separately so that a step has both the
+final-norm hidden states (which feed the draft heads) and the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from entmtp.treesearch._errors import EntmtpError
+from transformers.cache_utils import DynamicCache
+
+from ._tree_attention import TreePlan
+
+# Attention kernels that apply a custom additive 4D mask as given.
+TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def check_tree_attention_support(model: torch.nn.Module) -> None:
+    """Raise ``EntmtpError`` if ``model`` cannot verify a tree (4D mask, explicit positions)."""
+    config = getattr(model, "config", None)
+    name = type(model).__name__
+    if config is None or not hasattr(model, "get_decoder") or model.get_output_embeddings() is None:
+        raise EntmtpError(
+            f"{name} is not a transformers causal LM with a decoder and an lm_head: tree decoding "
+            "needs one (e.g. LlamaForCausalLM)"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise EntmtpError(
+            f"{name} is an encoder-decoder model: tree decoding needs a decoder-only LM"
+        )
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in TREE_ATTENTION_IMPLEMENTATIONS:
+        raise EntmtpError(
+            f"{name} uses attention implementation {implementation!r}, which does not take a "
+            f"custom 4D tree mask: load it with attn_implementation='sdpa' or 'eager'"
+        )
+    text_config = config.get_text_config(decoder=True)
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    partial_attention = any(t != "full_attention" for t in layer_types)
+    if getattr(text_config, "sliding_window", None) or partial_attention:
+        raise EntmtpError(
+            f"{name} has sliding-window or non-full attention layers: tree decoding needs "
+            "full attention in every layer"
+        )
+    for attribute in ("final_logit_softcapping", "logit_scale"):
+        if getattr(text_config, attribute, None):
+            raise EntmtpError(
+                f"{name} transforms its logits ({attribute}) after the lm_head: tree decoding "
+                "supports plain lm_head logits only"
+            )
+
+
+def forward_tokens(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    input_ids: torch.Tensor,
+    *,
+    position_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``input_ids`` [1, q] through the model over ``cache`` (appending to it).
+
+    Returns the final-norm hidden states [q, hidden_size] and the logits [q, vocab].
+    """
+    out = model.get_decoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=True,
+    )
+    hidden = out.last_hidden_state[0]
+    return hidden, model.get_output_embeddings()(hidden)
+
+
+def tree_forward(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    plan: TreePlan,
+    tokens: torch.Tensor,
+    past_len: int,
+    *,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify ``tokens`` [q] (root first) laid out as ``plan`` after ``past_len`` cached tokens."""
+    mask = plan.attention_mask(past_len, dtype)
+    positions = (plan.depths + past_len).unsqueeze(0)
+    return forward_tokens(model, cache, tokens.unsqueeze(0), position_ids=positions,
+                          attention_mask=mask)
+
+
+def longest_accepted_path(plan: TreePlan, node_ok: torch.Tensor) -> list[int]:
+    """Node indices (root first) of the longest root path whose nodes all have ``node_ok``.
+
+    ``node_ok``: [q] bool, whether each node's token is accepted given its parent; the root's
+    entry is ignored. Ties go to the first leaf in the tree's canonical order.
+    """
+    node_ok = node_ok.clone()
+    node_ok[0] = True
+    rows = node_ok[plan.retrieve] & plan.retrieve_valid  # [leaves, depth+1]
+    lengths = rows.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    best, length = torch.stack([lengths.argmax(), lengths.max()]).tolist()
+    return plan.retrieve[best, :length].tolist()
+
+
+def greedy_accept(
+    plan: TreePlan, tokens: torch.Tensor, logits: torch.Tensor
+) -> tuple[list[int], int]:
+    """Greedy verification: a node is accepted if its token is the argmax of its parent's logits.
+
+    Returns the accepted path (root first) and the base model's next token after its leaf.
+    """
+    argmax = logits.argmax(dim=-1)
+    node_ok = tokens == argmax[plan.parents]
+    path = longest_accepted_path(plan, node_ok)
+    return path, int(argmax[path[-1]])
+
+
+@torch.inference_mode()
+def probe_tree_attention(model: torch.nn.Module, *, atol: float = 1e-3) -> float:
+    """Check on a 3-token prompt that a two-branch tree reproduces plain causal decoding.
+
+    Returns the largest logit difference; raises ``EntmtpError`` above ``atol``.
+    """
+    from entmtp.treesearch._tree import Tree
+
+    from ._kv_cache import new_cache
+    from ._tree_attention import tree_plan
+
+    device = next(model.parameters()).device
+    dtype = model.get_output_embeddings().weight.dtype
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = torch.arange(3, 6, device=device) % vocab
+    branch = torch.tensor([7, 11, 13], device=device) % vocab  # root, child a, child b
+    plan = tree_plan(Tree.from_paths([[0], [1]]), 2, device)
+
+    cache = new_cache(model)
+    forward_tokens(model, cache, prompt.unsqueeze(0))
+    _, tree_logits = tree_forward(model, cache, plan, branch, len(prompt), dtype=dtype)
+
+    worst = 0.0
+    for node in (1, 2):
+        reference_cache = new_cache(model)
+        plain = torch.cat([prompt, branch[[0, node]]]).unsqueeze(0)
+        _, logits = forward_tokens(model, reference_cache, plain)
+        full = model(plain).logits[0]
+        worst = max(worst, float((logits - full).abs().max()))
+        worst = max(worst, float((tree_logits[[0, node]] - logits[-2:]).abs().max()))
+    if worst > atol:
+        raise EntmtpError(
+            f"{type(model).__name__} does not honour a 4D tree attention mask (logits differ by "
+            f"{worst:.3g} from causal decoding): load it with attn_implementation='eager'"
+        )
+    return worst
