@@ -1,0 +1,132 @@
+"""`entmtp pareto` and `entmtp show-tree`: look at a run's fronts, chosen trees and curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from entmtp.treesearch import EntmtpError, Tree, load_bundle
+
+from ._errors import user_errors
+from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
+from ._runs import RunDir, load_front
+from .app import app
+
+
+def _front_table(title: str, front: list[dict]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("nodes", "depth", "accept len", "latency ms", "tokens/s", "source"):
+        table.add_column(name, justify="right" if name != "source" else "left")
+    for c in front:
+        tps = 1000.0 * c["expected_accept_length"] / c["latency_ms"] if c["latency_ms"] else 0.0
+        table.add_row(str(c["num_nodes"]), str(c["depth"]), f"{c['expected_accept_length']:.3f}",
+                      f"{c['latency_ms']:.2f}", f"{tps:.2f}", c.get("source", ""))
+    return table
+
+
+def _bucket_label(edges: list[float], index: int) -> str:
+    low = edges[index - 1] if index > 0 else float("-inf")
+    high = edges[index] if index < len(edges) else float("inf")
+    return f"entropy [{low:.2f}, {high:.2f})"
+
+
+@app.command()
+@user_errors
+def pareto(
+    run_dir: Path = typer.Argument(..., help="A calibration run folder (entmtp calibrate --out)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the fronts as a PNG."),
+    acceptance_plot: Path | None = typer.Option(
+        None, "--acceptance-plot", help="Write acceptance-vs-entropy curves per head as a PNG."
+    ),
+    buckets: bool = typer.Option(True, help="Also print the front of each entropy bucket."),
+) -> None:
+    """Print (and plot) the Pareto front of a run: accept length vs verification latency.
+
+    Example: entmtp pareto runs/code --plot runs/code/pareto.png
+    """
+    run = RunDir(run_dir)
+    if not run_dir.is_dir():
+        raise EntmtpError(f"run folder {run_dir} does not exist: run `entmtp calibrate` first")
+    front = load_front(run)
+    console = Console()
+    task = front.get("task", "?")
+    console.print(_front_table(f"Pareto front, task {task}, all positions", front["front"]))
+    edges = front.get("bucket_edges", [])
+    if buckets:
+        for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
+            console.print(_front_table(f"bucket {i}: {_bucket_label(edges, i)}", bucket_front))
+    schedule = front["schedule"]
+    console.print(
+        f"chosen schedule: {len(schedule['trees'])} tree(s), thresholds "
+        f"{[round(t, 3) for t in schedule['thresholds']]}, estimator {schedule['estimator']}; "
+        f"replayed {schedule['replayed']['tokens_per_second']:.2f} tokens/s vs best static "
+        f"{front['best_static']['replayed']['tokens_per_second']:.2f} vs oracle "
+        f"{front['oracle']['replayed']['tokens_per_second']:.2f}"
+    )
+    if plot is not None:
+        series = [{"label": "all positions",
+                   "points": [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]}]
+        for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
+            series.append({"label": f"bucket {i}: {_bucket_label(edges, i)}",
+                           "points": [(c["latency_ms"], c["expected_accept_length"])
+                                      for c in bucket_front]})
+        references = [{"label": r["name"], "latency_ms": r["latency_ms"],
+                       "expected_accept_length": r["expected_accept_length"]}
+                      for r in front.get("references", [])]
+        chosen = []
+        if run.bundle.exists():
+            bundle = load_bundle(run.bundle)
+            for i, (tree, stats) in enumerate(zip(bundle.trees, bundle.tree_stats)):
+                chosen.append({"label": f"chosen tree {i} ({tree.num_nodes} nodes)",
+                               "latency_ms": stats.latency_ms,
+                               "expected_accept_length": stats.expected_accept_length})
+        plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
+                    references=references, chosen=chosen)
+        console.print(f"wrote {plot}")
+    if acceptance_plot is not None:
+        import json
+
+        if not run.acceptance.exists():
+            raise EntmtpError(f"{run.acceptance} is missing: re-run the search stage")
+        table = json.loads(run.acceptance.read_text())
+        from entmtp.treesearch import AcceptanceTable
+
+        acc = AcceptanceTable.from_json(table)
+        top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
+        plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
+                               title=f"head top-1 acceptance vs entropy, task {task}")
+        console.print(f"wrote {acceptance_plot}")
+
+
+@app.command("show-tree")
+@user_errors
+def show_tree(
+    source: Path = typer.Argument(..., help="A bundle.json, or a JSON list of paths."),
+    out: Path = typer.Option(..., "--out", help="PNG file to write."),
+    tree_index: int = typer.Option(0, "--tree", help="Which tree of a bundle."),
+) -> None:
+    """Draw a tree (of a bundle, or a JSON path list such as trees/mc_sim_7b_63.json).
+
+    Example: entmtp show-tree runs/code/bundle.json --tree 0 --out tree0.png
+    """
+    import json
+
+    try:
+        obj = json.loads(source.read_text())
+    except FileNotFoundError as err:
+        raise EntmtpError(f"{source} does not exist") from err
+    except (OSError, json.JSONDecodeError) as err:
+        raise EntmtpError(f"{source} is not readable JSON: {err}") from err
+    if isinstance(obj, dict) and obj.get("format") == "entmtp-bundle":
+        bundle = load_bundle(source)
+        if not 0 <= tree_index < len(bundle.trees):
+            raise EntmtpError(f"--tree {tree_index} is out of range: the bundle has "
+                              f"{len(bundle.trees)} trees")
+        tree = bundle.trees[tree_index]
+    else:
+        tree = Tree.from_json(obj)
+    plot_tree(tree.to_json(), out, title=f"{source.name}: {tree.num_nodes} nodes, depth {tree.depth}")
+    typer.echo(f"wrote {out}")

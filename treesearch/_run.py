@@ -1,0 +1,277 @@
+"""The offline search of one calibration run, profile + latency model in, bundle out.
+
+profile -> acceptance table by entropy bucket -> Pareto fronts (all positions and per bucket)
+-> schedule calibration over the fronts' trees -> bundle + front.json + report.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from ._acceptance import AcceptanceTable, acceptance_table, entropy_bucket_edges
+from ._bundle import (
+    BestStatic,
+    Bundle,
+    CreatedBy,
+    EntropyInfo,
+    HeadsInfo,
+    ModelInfo,
+    Predicted,
+    TreeStats,
+)
+from ._errors import EntmtpError
+from ._latency import LatencyModel
+from ._pareto import TreeCandidate, build_front, fronts_by_bucket, score_tree
+from ._profile import Profile
+from ._replay import ReplayResult, replay
+from ._schedule_search import ScheduleSearchResult, calibrate_schedule
+from ._tree import Tree
+
+REFERENCE_TREES = ("mc_sim_7b_63",)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    max_nodes: int = 64  # largest tree considered
+    report_buckets: int = 4  # entropy buckets of the acceptance table and per-bucket fronts
+    shape_trials: int = 0  # Optuna NSGA-II trials per front (0: greedy family only)
+    schedule_trials: int = 150  # Optuna trials of the schedule search
+    max_buckets: int = 4  # most trees a schedule switches between
+    max_candidates: int = 48  # trees offered to the schedule search
+    seed: int = 0
+    storage: str | None = None  # Optuna storage URL or journal:PATH; None = in memory
+    study_name: str | None = None
+
+
+@dataclass
+class ReferenceResult:
+    name: str
+    candidate: TreeCandidate
+    replay: ReplayResult
+
+
+@dataclass
+class SearchOutcome:
+    settings: SearchSettings
+    acceptance: AcceptanceTable
+    front: list[TreeCandidate]
+    bucket_edges: np.ndarray
+    bucket_fronts: list[list[TreeCandidate]]
+    schedule: ScheduleSearchResult
+    references: list[ReferenceResult] = field(default_factory=list)
+
+
+def reference_tree(name: str) -> Tree:
+    """A shipped reference tree from ``entmtp.trees`` (e.g. Medusa's ``mc_sim_7b_63``)."""
+    try:
+        text = resources.files("entmtp.trees").joinpath(f"{name}.json").read_text()
+    except FileNotFoundError as err:
+        raise EntmtpError(f"no shipped reference tree {name!r}: see trees/README.md") from err
+    return Tree.from_json(json.loads(text))
+
+
+def select_candidates(trees: list[Tree], limit: int) -> list[Tree]:
+    """Deduplicate by paths and keep at most ``limit`` trees spread evenly over sizes."""
+    unique: dict[tuple, Tree] = {}
+    for tree in trees:
+        unique.setdefault(tree.paths, tree)
+    ordered = sorted(unique.values(), key=lambda t: (t.num_nodes, t.depth, t.paths))
+    if len(ordered) <= limit:
+        return ordered
+    picks = np.unique(np.round(np.linspace(0, len(ordered) - 1, limit)).astype(int))
+    return [ordered[i] for i in picks]
+
+
+def search(
+    profile: Profile,
+    latency: LatencyModel,
+    settings: SearchSettings = SearchSettings(),
+    *,
+    references: tuple[str, ...] = REFERENCE_TREES,
+    show_progress: bool = False,
+) -> SearchOutcome:
+    """Run the whole offline search on ``profile`` (the calibration split)."""
+    if profile.num_positions == 0:
+        raise EntmtpError("the profile has no positions: profile more prompts or longer outputs")
+    entropy = profile.entropy()
+    ranks = profile.ranks()
+    topk = profile.meta.topk
+    edges = entropy_bucket_edges(entropy, settings.report_buckets)
+    table = acceptance_table(entropy, ranks, topk=topk, edges=edges)
+    front_kwargs: dict[str, Any] = dict(
+        max_nodes=settings.max_nodes,
+        optuna_trials=settings.shape_trials,
+        seed=settings.seed,
+        storage=settings.storage,
+        topk=topk,
+    )
+    name = settings.study_name or "entmtp"
+    front = build_front(ranks, latency, study_name=f"{name}-shapes", **front_kwargs)
+    bucket_fronts = fronts_by_bucket(
+        entropy, ranks, edges, latency, study_name=f"{name}-shapes", **front_kwargs
+    )
+    pool = [c.tree for c in front] + [c.tree for f in bucket_fronts for c in f]
+    candidates = select_candidates(pool, settings.max_candidates)
+    schedule = calibrate_schedule(
+        profile,
+        candidates,
+        latency,
+        n_trials=settings.schedule_trials,
+        seed=settings.seed,
+        max_buckets=settings.max_buckets,
+        storage=settings.storage,
+        study_name=f"{name}-schedule",
+        show_progress=show_progress,
+    )
+    outcome = SearchOutcome(settings, table, front, edges, bucket_fronts, schedule)
+    for ref_name in references:
+        tree = reference_tree(ref_name)
+        if tree.depth > profile.num_heads:
+            continue
+        try:
+            tree.check_fits(topk=topk)
+        except EntmtpError:
+            continue
+        outcome.references.append(
+            ReferenceResult(ref_name, score_tree(tree, ranks, latency), replay(profile, tree, latency))
+        )
+    return outcome
+
+
+def make_bundle(
+    outcome: SearchOutcome,
+    profile: Profile,
+    latency: LatencyModel,
+    *,
+    command: str,
+    version: str,
+) -> Bundle:
+    """The bundle a runtime loads: the calibrated schedule with its predictions."""
+    meta = profile.meta
+    result = outcome.schedule
+    schedule = result.schedule
+    ranks = profile.ranks()
+    stats = []
+    estimates = result.result  # replay of the schedule
+    served = _positions_served(profile, schedule)
+    for index, tree in enumerate(schedule.trees):
+        rows = ranks[served == index]
+        scored = score_tree(tree, rows if len(rows) else ranks, latency)
+        stats.append(TreeStats(scored.expected_accept_length, scored.latency_ms))
+    static_tree = result.candidates[result.best_static_index]
+    static_index = next(
+        (i for i, tree in enumerate(schedule.trees) if tree.paths == static_tree.paths), None
+    )
+    return Bundle(
+        model=ModelInfo(meta.model or "unknown", int(meta.vocab_size), int(meta.hidden_size)),
+        heads=HeadsInfo(meta.head_type, int(profile.num_heads), int(meta.topk),
+                        meta.heads_sha256 or "0" * 64),
+        task=meta.task or "custom",
+        entropy=EntropyInfo("base_entropy", "nats", schedule.estimator),
+        thresholds=list(schedule.thresholds),
+        trees=list(schedule.trees),
+        tree_stats=stats,
+        predicted=Predicted(
+            mean_accept_length=estimates.mean_accept_length,
+            tokens_per_second=estimates.tokens_per_second,
+            speedup_vs_autoregressive=estimates.speedup_vs_autoregressive,
+            oracle_tokens_per_second=result.oracle.tokens_per_second,
+        ),
+        hardware=dict(latency.hardware),
+        created_by=CreatedBy(entmtp=version, command=command),
+        best_static=BestStatic(static_tree, result.best_static.tokens_per_second, static_index),
+        latency=latency,
+    )
+
+
+def _positions_served(profile: Profile, schedule) -> np.ndarray:
+    """Tree index serving each position, from the schedule's estimator (all positions)."""
+    parts = []
+    for trace in profile.traces:
+        estimates = schedule.estimator.estimates(trace.entropy)
+        parts.append(schedule.tree_indices(estimates))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+# -- artefacts --------------------------------------------------------------------------------
+def _candidate_json(candidate: TreeCandidate) -> dict[str, Any]:
+    return {
+        "paths": candidate.tree.to_json(),
+        "num_nodes": candidate.tree.num_nodes,
+        "depth": candidate.tree.depth,
+        "expected_accept_length": candidate.expected_accept_length,
+        "latency_ms": candidate.latency_ms,
+        "source": candidate.source,
+    }
+
+
+def outcome_to_json(outcome: SearchOutcome, *, task: str) -> dict[str, Any]:
+    """``front.json``: fronts, references, chosen schedule and its replayed comparison."""
+    result = outcome.schedule
+    return {
+        "format": "entmtp-front",
+        "task": task,
+        "front": [_candidate_json(c) for c in outcome.front],
+        "bucket_edges": [float(e) for e in outcome.bucket_edges],
+        "bucket_fronts": [[_candidate_json(c) for c in f] for f in outcome.bucket_fronts],
+        "references": [
+            {"name": r.name, **_candidate_json(r.candidate),
+             "replayed_tokens_per_second": r.replay.tokens_per_second}
+            for r in outcome.references
+        ],
+        "schedule": {
+            "thresholds": list(result.schedule.thresholds),
+            "estimator": result.schedule.estimator.to_json(),
+            "trees": [t.to_json() for t in result.schedule.trees],
+            "replayed": result.result.summary(),
+        },
+        "best_static": {
+            "paths": result.candidates[result.best_static_index].to_json(),
+            "replayed": result.best_static.summary(),
+        },
+        "oracle": {"replayed": result.oracle.summary()},
+    }
+
+
+def report_markdown(outcome: SearchOutcome, *, task: str, latency: LatencyModel) -> str:
+    """``report.md``: what a person reads after a calibration run."""
+    result = outcome.schedule
+    sched = result.schedule
+    lines = [f"# entmtp calibration report: task `{task}`", ""]
+    lines += ["## Head-wise top-k acceptance by entropy bucket", "", "```",
+              outcome.acceptance.format(), "```", ""]
+    lines += ["## Pareto front (all calibration positions)", "",
+              "| nodes | depth | expected accept length | latency ms | tokens/ms | source |",
+              "|---:|---:|---:|---:|---:|---|"]
+    for c in outcome.front:
+        lines.append(f"| {c.tree.num_nodes} | {c.tree.depth} | {c.expected_accept_length:.3f} | "
+                     f"{c.latency_ms:.2f} | {c.tokens_per_ms:.4f} | {c.source} |")
+    lines += ["", "## Chosen schedule", "",
+              f"Estimator: `{sched.estimator.describe()}`; thresholds (nats): "
+              f"{', '.join(f'{t:.3f}' for t in sched.thresholds) or 'none (one tree)'}.", "",
+              "| tree | serves estimates | nodes | depth | widths |", "|---:|---|---:|---:|---|"]
+    bounds = [-np.inf, *sched.thresholds, np.inf]
+    for i, tree in enumerate(sched.trees):
+        lines.append(f"| {i} | [{bounds[i]:.3f}, {bounds[i + 1]:.3f}) | {tree.num_nodes} | "
+                     f"{tree.depth} | {list(tree.widths)} |")
+    ar_tps = 1000.0 / latency.autoregressive_ms if latency.autoregressive_ms > 0 else float("nan")
+    rows = [("entmtp schedule", result.result), ("best static tree of the front", result.best_static)]
+    rows += [(f"{r.name} (static)", r.replay) for r in outcome.references]
+    rows += [("oracle schedule (hindsight bound)", result.oracle)]
+    lines += ["", "## Replayed on the calibration traces", "",
+              f"Latency model: {latency.hardware or 'unspecified hardware'}; autoregressive "
+              f"{latency.autoregressive_ms:.2f} ms/token ({ar_tps:.2f} tokens/s).", "",
+              "| schedule | mean accept length | tokens/s | speedup vs AR | vs best static |",
+              "|---|---:|---:|---:|---:|"]
+    static_tps = result.best_static.tokens_per_second
+    for label, rep in rows:
+        lines.append(f"| {label} | {rep.mean_accept_length:.3f} | {rep.tokens_per_second:.2f} | "
+                     f"{rep.speedup_vs_autoregressive:.3f}x | "
+                     f"{rep.tokens_per_second / static_tps:.3f}x |")
+    lines += ["", f"Schedule reaches {result.fraction_of_oracle:.1%} of the oracle's tokens/s.", ""]
+    return "\n".join(lines)
