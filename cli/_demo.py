@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-
 from entmtp.treesearch import LatencyModel, SearchSettings, synthetic_profile
+from rich.console import Console
 
 from ._errors import user_errors
 from ._runs import RunDir, search_stage

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import typer
-
 from entmtp.treesearch import EntmtpError
 
 F = TypeVar("F", bound=Callable[..., object])

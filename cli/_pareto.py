@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from entmtp.treesearch import EntmtpError, Tree, load_bundle
 from rich.console import Console
 from rich.table import Table
-
-from entmtp.treesearch import EntmtpError, Tree, load_bundle
 
 from ._errors import user_errors
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
@@ -67,8 +66,8 @@ def pareto(
         f"{front['oracle']['replayed']['tokens_per_second']:.2f}"
     )
     if plot is not None:
-        series = [{"label": "all positions",
-                   "points": [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]}]
+        points = [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]
+        series = [{"label": "all positions", "points": points}]
         for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
             series.append({"label": f"bucket {i}: {_bucket_label(edges, i)}",
                            "points": [(c["latency_ms"], c["expected_accept_length"])
@@ -79,7 +78,7 @@ def pareto(
         chosen = []
         if run.bundle.exists():
             bundle = load_bundle(run.bundle)
-            for i, (tree, stats) in enumerate(zip(bundle.trees, bundle.tree_stats)):
+            for i, (tree, stats) in enumerate(zip(bundle.trees, bundle.tree_stats, strict=True)):
                 chosen.append({"label": f"chosen tree {i} ({tree.num_nodes} nodes)",
                                "latency_ms": stats.latency_ms,
                                "expected_accept_length": stats.expected_accept_length})
@@ -128,5 +127,6 @@ def show_tree(
         tree = bundle.trees[tree_index]
     else:
         tree = Tree.from_json(obj)
-    plot_tree(tree.to_json(), out, title=f"{source.name}: {tree.num_nodes} nodes, depth {tree.depth}")
+    title = f"{source.name}: {tree.num_nodes} nodes, depth {tree.depth}"
+    plot_tree(tree.to_json(), out, title=title)
     typer.echo(f"wrote {out}")

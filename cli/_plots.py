@@ -48,7 +48,7 @@ def plot_fronts(
     for item in series:
         points = sorted(item["points"])
         if points:
-            xs, ys = zip(*points)
+            xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=item["label"])
     for ref in references:
         ax.scatter([ref["latency_ms"]], [ref["expected_accept_length"]], marker="*", s=160,

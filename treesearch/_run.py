@@ -137,9 +137,8 @@ def search(
             tree.check_fits(topk=topk)
         except EntmtpError:
             continue
-        outcome.references.append(
-            ReferenceResult(ref_name, score_tree(tree, ranks, latency), replay(profile, tree, latency))
-        )
+        scored = score_tree(tree, ranks, latency)
+        outcome.references.append(ReferenceResult(ref_name, scored, replay(profile, tree, latency)))
     return outcome
 
 
@@ -260,7 +259,8 @@ def report_markdown(outcome: SearchOutcome, *, task: str, latency: LatencyModel)
         lines.append(f"| {i} | [{bounds[i]:.3f}, {bounds[i + 1]:.3f}) | {tree.num_nodes} | "
                      f"{tree.depth} | {list(tree.widths)} |")
     ar_tps = 1000.0 / latency.autoregressive_ms if latency.autoregressive_ms > 0 else float("nan")
-    rows = [("entmtp schedule", result.result), ("best static tree of the front", result.best_static)]
+    rows = [("entmtp schedule", result.result),
+            ("best static tree of the front", result.best_static)]
     rows += [(f"{r.name} (static)", r.replay) for r in outcome.references]
     rows += [("oracle schedule (hindsight bound)", result.oracle)]
     lines += ["", "## Replayed on the calibration traces", "",
