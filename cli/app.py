@@ -35,7 +35,7 @@ def _root(
 
 def _register() -> None:
     # Each command lives in its own module; importing registers it on `app`.
-    from . import _demo, _export, _pareto  # noqa: F401
+    from . import _calibrate, _demo, _export, _pareto  # noqa: F401
 
 
 _register()

