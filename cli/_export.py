@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, export, load_bundle
+from entmtp.treesearch._exports import default_tree
 
 from ._errors import user_errors
 from ._runs import RunDir
@@ -34,7 +35,7 @@ def export_command(
     out: Path = typer.Option(..., "--out", help="File to write (atomically)."),
     tree_index: int | None = typer.Option(
         None, "--tree", help="Which tree of the bundle (medusa/trtllm/vllm take one static "
-        "tree); default: the best static tree."
+        "tree); default: the best static tree, else the largest."
     ),
     largest_regular_subtree: bool = typer.Option(
         False, "--largest-regular-subtree",
@@ -48,4 +49,8 @@ def export_command(
     bundle = load_bundle(resolve_bundle_path(source))
     path = export(bundle, fmt, out, tree_index=tree_index,
                   largest_regular_subtree=largest_regular_subtree)
-    typer.echo(f"wrote {path}")
+    if fmt == "entmtp":
+        typer.echo(f"wrote {path}")
+    else:
+        which = f"tree {tree_index}" if tree_index is not None else default_tree(bundle)[1]
+        typer.echo(f"wrote {path} ({which})")
