@@ -35,8 +35,10 @@ def _child_table(tree: Tree, depth: int) -> np.ndarray:
 def accept_lengths(tree: Tree, ranks: np.ndarray) -> np.ndarray:
     """Tokens accepted by a step at each position: ``1 + d*`` as an int64 array [positions]."""
     ranks = np.asarray(ranks)
+    if ranks.ndim != 2:
+        raise EntmtpError(f"ranks must be a 2-D array [positions, heads], got shape {ranks.shape}")
     positions = ranks.shape[0]
-    depth = min(tree.depth, ranks.shape[1]) if ranks.ndim == 2 else 0
+    depth = min(tree.depth, ranks.shape[1])
     accepted = np.ones(positions, dtype=np.int64)
     if depth == 0 or positions == 0:
         return accepted

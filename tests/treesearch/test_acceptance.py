@@ -105,6 +105,8 @@ def test_accept_lengths_edge_cases() -> None:
     # A rank far beyond anything in the tree is simply a miss.
     assert accept_lengths(tree, np.array([[0, 30000], [30000, 0]])).tolist() == [2, 1]
     assert accept_lengths(Tree.from_paths([]), np.zeros((3, 2))).tolist() == [1, 1, 1]
+    with pytest.raises(EntmtpError):
+        accept_lengths(tree, np.zeros(4, dtype=np.int16))
 
 
 # -- prefix tables -------------------------------------------------------------------------
