@@ -5,8 +5,8 @@ Imports neither torch nor transformers.
 
 from ._acceptance import (
     AcceptanceTable,
-    acceptance_table,
     accept_lengths,
+    acceptance_table,
     bucket_of,
     entropy_bucket_edges,
     expected_accept_length,

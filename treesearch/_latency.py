@@ -32,14 +32,14 @@ class LatencyModel:
     autoregressive_ms: float  # one plain decode step without heads
     depth_ms: float = 0.0  # extra time per tree level
     hardware: dict[str, Any] = field(default_factory=dict)
-    measurements: tuple[tuple[int, int, float], ...] = ()  # raw (num_nodes, depth, ms) it was fit on
+    measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
 
     def __post_init__(self) -> None:
         nodes = tuple(int(n) for n in self.nodes)
         verify = tuple(float(v) for v in self.verify_ms)
         if not nodes or len(nodes) != len(verify):
             raise EntmtpError("latency model needs one verify_ms per node count")
-        if nodes[0] != 0 or any(b <= a for a, b in zip(nodes, nodes[1:])):
+        if nodes[0] != 0 or any(b <= a for a, b in zip(nodes, nodes[1:], strict=False)):
             raise EntmtpError("latency model node counts must start at 0 and ascend strictly")
         values = (*verify, float(self.autoregressive_ms), float(self.depth_ms))
         if not all(np.isfinite(values)) or min(values) < 0:

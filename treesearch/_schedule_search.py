@@ -29,10 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -42,9 +40,9 @@ from ._latency import LatencyModel
 from ._profile import Profile
 from ._replay import Replayer, ReplayResult, best_static_of, replay
 from ._schedule import Schedule
+from ._storage import JOURNAL_PREFIX, import_optuna, open_storage  # noqa: F401 - re-exported
 from ._tree import Tree
 
-JOURNAL_PREFIX = "journal:"
 DEFAULT_STUDY_NAME = "entmtp-schedule"
 ALPHA_RANGE = (0.005, 1.0)
 WINDOW_RANGE = (2, 64)
@@ -80,53 +78,6 @@ class ScheduleSearchResult:
     def fraction_of_oracle(self) -> float:
         """Schedule tokens/s over the oracle's (<= 1)."""
         return self.result.tokens_per_second / self.oracle.tokens_per_second
-
-
-def _optuna():
-    try:
-        import optuna
-    except ImportError as err:  # pragma: no cover - optuna is a core dependency
-        raise EntmtpError(
-            "schedule calibration needs optuna: pip install 'optuna>=3.4'"
-        ) from err
-    return optuna
-
-
-def open_storage(storage: str | None) -> Any:
-    """``None`` (in memory), an Optuna database URL, or ``journal:PATH`` -> an Optuna storage.
-
-    Raises ``EntmtpError`` when the storage cannot be opened.
-    """
-    if storage is None:
-        return None
-    if not isinstance(storage, str) or not storage.strip():
-        raise EntmtpError(f"Optuna storage must be a URL or journal:PATH, got {storage!r}")
-    optuna = _optuna()
-    if storage.startswith(JOURNAL_PREFIX):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        path = storage[len(JOURNAL_PREFIX) :]
-        if not path:
-            raise EntmtpError("journal storage needs a file: use journal:PATH")
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise EntmtpError(
-                f"cannot open Optuna journal {path!r}: folder {folder} does not exist; create it"
-            )
-        try:
-            return JournalStorage(JournalFileBackend(path))
-        except Exception as err:  # noqa: BLE001 - any failure means the journal is unusable
-            raise EntmtpError(
-                f"cannot open Optuna journal {path!r} ({type(err).__name__}: {err}); "
-                "give a writable file path"
-            ) from err
-    try:
-        return optuna.storages.RDBStorage(storage)
-    except Exception as err:  # noqa: BLE001 - sqlalchemy raises many kinds
-        raise EntmtpError(
-            f"cannot open Optuna storage {storage!r} ({type(err).__name__}); use journal:PATH "
-            "or a database URL such as sqlite:///study.db"
-        ) from err
 
 
 def thresholds_from_levels(estimates: np.ndarray, levels: Sequence[float]) -> tuple[float, ...]:
@@ -262,7 +213,7 @@ def calibrate_schedule(
         raise EntmtpError(f"n_trials must be a non-negative integer, got {n_trials!r}")
     if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 1:
         raise EntmtpError(f"max_buckets must be an integer >= 1, got {max_buckets!r}")
-    optuna = _optuna()
+    optuna = import_optuna()
     replayer = Replayer(profile, candidates, latency)
     static_index, static_result = best_static_of(replayer)
     oracle = replayer.oracle()

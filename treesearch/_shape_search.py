@@ -24,16 +24,7 @@ from ._errors import EntmtpError
 from ._greedy import _tree_from_rows
 from ._latency import LatencyModel
 from ._pareto import DEFAULT_STUDY_NAME, TreeCandidate
-
-JOURNAL_PREFIX = "journal:"
-
-
-def _import_optuna():
-    try:
-        import optuna
-    except ImportError as err:  # pragma: no cover - optuna is a dependency
-        raise EntmtpError("tree-shape search needs optuna: pip install optuna") from err
-    return optuna
+from ._storage import import_optuna, open_storage
 
 
 @contextlib.contextmanager
@@ -44,29 +35,6 @@ def _quiet_optuna(optuna) -> Iterator[None]:
         yield
     finally:
         optuna.logging.set_verbosity(previous)
-
-
-def open_storage(storage: str | None):
-    """``None`` (in-memory), an Optuna storage URL, or ``journal:PATH`` -> what Optuna takes."""
-    if storage is None:
-        return None
-    if not isinstance(storage, str) or not storage:
-        raise EntmtpError(f"Optuna storage must be a URL string or journal:PATH, got {storage!r}")
-    if not storage.startswith(JOURNAL_PREFIX):
-        return storage
-    optuna = _import_optuna()
-    from optuna.storages.journal import JournalFileBackend
-
-    path = storage[len(JOURNAL_PREFIX) :]
-    if not path:
-        raise EntmtpError("journal storage needs a file: use journal:PATH")
-    try:
-        return optuna.storages.JournalStorage(JournalFileBackend(path))
-    except Exception as err:
-        raise EntmtpError(
-            f"cannot open Optuna journal {path!r} ({type(err).__name__}: {err}); "
-            "check that its folder exists and is writable"
-        ) from err
 
 
 class ShapeBuilder:
@@ -161,7 +129,7 @@ def search_tree_shapes_on_table(
         return []
     if n_trials == 0 and storage is None:
         return []
-    optuna = _import_optuna()
+    optuna = import_optuna()
     builder = ShapeBuilder(table)
 
     def evaluate(shape: tuple[int, list[int], int]) -> tuple[np.ndarray, float, float]:

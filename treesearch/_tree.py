@@ -109,6 +109,8 @@ class Tree:
         self, *, topk: int | Sequence[int] | None = None, num_heads: int | None = None
     ) -> None:
         """Raise ``EntmtpError`` if the tree is deeper than ``num_heads`` or a rank >= top-k."""
+        if num_heads is not None and num_heads < 0:
+            raise EntmtpError(f"num_heads must be >= 0, got {num_heads}")
         if num_heads is not None and self.depth > num_heads:
             deepest = max(self.paths, key=len)
             raise EntmtpError(
