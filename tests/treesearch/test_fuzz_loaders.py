@@ -95,7 +95,7 @@ raw_paths = st.one_of(
     paths=raw_paths,
     implied=st.booleans(),
     topk=st.one_of(st.none(), st.integers(min_value=-1, max_value=6)),
-    num_heads=st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+    num_heads=st.one_of(st.none(), st.integers(min_value=-2, max_value=5)),
 )
 def test_tree_from_random_paths(paths, implied, topk, num_heads):
     try:
