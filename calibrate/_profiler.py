@@ -1,0 +1,335 @@
+"""The profiler: greedy trajectories -> per-position base entropy and head rank vectors.
+
+For each batch of prompts:
+1. ``greedy_trajectories``: the base model's greedy continuation (left-padded batch, KV cache),
+   up to and including the first EOS token, at most ``max_new_tokens``.
+2. ``score_trajectories``: ONE teacher-forced forward over prompt + generated tokens (right
+   padded). At generated token ``i`` (position ``i`` of ``treesearch._profile``): the entropy of
+   the base distribution that produced it, and the final-norm hidden state that distribution
+   was read from; head ``j`` at that hidden state ranks generated token ``i + j`` (Hydra: with
+   the true tokens ``i .. i + j - 1`` as the drafted prefix), batched over all positions.
+
+With ``shard_dir`` each finished prompt's trace is written (atomically) to its own ``.npz`` and a
+re-run skips it: an interrupted job resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from entmtp.treesearch._atomic import atomic_write
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
+
+from ._model import BaseModel, model_fingerprint
+from ._stats import entropy_from_logits, topk_ranks
+from ._tasks import TaskPrompt
+
+_SHARD_FORMAT_VERSION = 1
+_HEAD_CHUNK = 512  # positions per head forward: bounds the [positions, vocab] logits in memory
+
+ProgressCallback = Callable[[int, int], None]  # (generated tokens so far, prompts done)
+
+
+@dataclass
+class ScoredTrajectory:
+    entropy: np.ndarray  # [generated] float32, nats
+    ranks: np.ndarray  # [generated, heads] int16, -1 = miss / past the end
+
+
+# -- sharding --------------------------------------------------------------------------------
+def shard_prompts(
+    prompts: Sequence[TaskPrompt], num_shards: int, shard_index: int
+) -> list[TaskPrompt]:
+    """Every ``num_shards``-th prompt starting at ``shard_index``: shards are a disjoint cover."""
+    _check_shard(num_shards, shard_index)
+    return list(prompts[shard_index::num_shards])
+
+
+def resolve_shard(num_shards: int | None = None, shard_index: int | None = None) -> tuple[int, int]:
+    """Explicit shard options, else torchrun's WORLD_SIZE / RANK, else a single shard."""
+    if num_shards is None and shard_index is None:
+        try:
+            num_shards = int(os.environ.get("WORLD_SIZE", "1"))
+            shard_index = int(os.environ.get("RANK", "0"))
+        except ValueError as err:
+            raise EntmtpError(f"WORLD_SIZE / RANK are not integers ({err}): unset them or pass "
+                              "--num-shards and --shard-index") from err
+    elif num_shards is None or shard_index is None:
+        raise EntmtpError("--num-shards and --shard-index go together: pass both or neither")
+    _check_shard(num_shards, shard_index)
+    return num_shards, shard_index
+
+
+def _check_shard(num_shards: int, shard_index: int) -> None:
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise EntmtpError(f"shard index {shard_index} of {num_shards} shards is out of range: use "
+                          "--num-shards S >= 1 and 0 <= --shard-index < S")
+
+
+# -- the profiler ----------------------------------------------------------------------------
+def profile_prompts(
+    base: BaseModel,
+    heads: Any,
+    prompts: Sequence[TaskPrompt],
+    *,
+    max_new_tokens: int = 128,
+    topk: int = 10,
+    batch_size: int = 8,
+    shard_dir: str | os.PathLike | None = None,
+    progress: ProgressCallback | Any | None = None,
+    task: str = "",
+    split: str = "",
+    seed: int = 0,
+) -> Profile:
+    """Profile ``prompts``; traces come back ordered by ``TaskPrompt.index``.
+
+    ``heads`` follows the DraftHeads interface (``head_type``, ``num_heads``, ``hidden_size``,
+    ``vocab_size``, ``head_logits(depth, hidden, prefix_tokens)``, ``sha256()``). ``progress``:
+    a callback ``(generated_tokens, prompts_done)`` or a ``rich.progress.Progress``.
+    """
+    if max_new_tokens < 1 or topk < 1 or batch_size < 1:
+        raise EntmtpError("--max-new-tokens, top-k and batch size must each be at least 1")
+    _check_heads_fit(base, heads)
+    indices = [p.index for p in prompts]
+    if len(set(indices)) != len(indices):
+        raise EntmtpError("the same prompt appears twice in the list to profile")
+    meta = ProfileMeta(
+        model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+        head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),
+        task=task, topk=topk, split=split, max_new_tokens=max_new_tokens, seed=seed,
+        extra={"model_source": base.source, "dtype": str(base.model.dtype).replace("torch.", "")},
+    )
+    settings = _settings_key(base, meta)
+    folder = Path(shard_dir) if shard_dir is not None else None
+    eos = sorted(base.eos_token_ids)
+    pad = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else eos[0]
+
+    traces: dict[int, Trace] = {}
+    todo: list[tuple[TaskPrompt, list[int]]] = []
+    for prompt in prompts:
+        ids = base.encode_task_prompt(prompt)
+        if not ids:
+            raise EntmtpError(f"prompt {prompt.prompt_id} encodes to no tokens: drop it")
+        stored = _read_trace(folder, prompt, ids, settings) if folder is not None else None
+        if stored is not None:
+            traces[prompt.index] = stored
+        else:
+            todo.append((prompt, ids))
+    report = _Progress(progress, total=len(prompts), already_done=len(traces))
+    todo.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
+
+    with torch.inference_mode():
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            prompt_ids = [ids for _, ids in batch]
+            generated = greedy_trajectories(
+                base.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                pad_token_id=pad,
+            )
+            scored = score_trajectories(base.model, heads, prompt_ids, generated, topk=topk)
+            for (prompt, ids), result in zip(batch, scored, strict=True):
+                trace = Trace(prompt.index, prompt.prompt_id, result.entropy, result.ranks,
+                              prompt_length=len(ids))
+                if folder is not None:
+                    _write_trace(folder, trace, ids, settings)
+                traces[prompt.index] = trace
+            report.advance(prompts=len(batch), tokens=sum(len(g) for g in generated))
+    report.close()
+    return Profile(meta, [traces[i] for i in sorted(traces)])
+
+
+def _check_heads_fit(base: BaseModel, heads: Any) -> None:
+    if heads.head_type not in ("medusa", "hydra"):
+        raise EntmtpError(f"unknown head type {heads.head_type!r}: use medusa or hydra")
+    if heads.hidden_size != base.hidden_size or heads.vocab_size != base.vocab_size:
+        raise EntmtpError(
+            f"the heads expect hidden size {heads.hidden_size} and vocab {heads.vocab_size} but "
+            f"the model has {base.hidden_size} and {base.vocab_size}: pass heads trained for "
+            "this model"
+        )
+
+
+# -- step 1: greedy trajectories -------------------------------------------------------------
+def greedy_trajectories(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int = 0,
+) -> list[list[int]]:
+    """Greedy continuations of a left-padded batch, each cut after its first EOS token."""
+    device = model.get_input_embeddings().weight.device
+    rows, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long, device=device)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, width - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
+
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1)
+    cache, next_position = out.past_key_values, position_ids[:, -1:] + 1
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    steps: list[torch.Tensor] = []
+    for step in range(max_new_tokens):
+        token = out.logits[:, -1].argmax(dim=-1)  # [rows]
+        steps.append(token)
+        finished |= torch.isin(token, eos)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=attention_mask,
+                    position_ids=next_position, past_key_values=cache, use_cache=True)
+        cache, next_position = out.past_key_values, next_position + 1
+    tokens = torch.stack(steps, dim=1).tolist()  # [rows, steps]
+    eos_set = set(eos.tolist())
+    return [_cut_after_eos(row_tokens, eos_set) for row_tokens in tokens]
+
+
+def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for position, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: position + 1]
+    return tokens
+
+
+# -- step 2: one teacher-forced forward per batch ---------------------------------------------
+def score_trajectories(
+    model: Any,
+    heads: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    generated: Sequence[Sequence[int]],
+    *,
+    topk: int,
+) -> list[ScoredTrajectory]:
+    """Entropy and head ranks at every generated position of each (prompt, generated) pair."""
+    device = model.get_input_embeddings().weight.device
+    lengths = [len(p) + len(g) for p, g in zip(prompt_ids, generated, strict=True)]
+    rows, width = len(lengths), max(lengths)
+    input_ids = torch.zeros((rows, width), dtype=torch.long, device=device)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+    for row, (prompt, gen) in enumerate(zip(prompt_ids, generated, strict=True)):
+        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(gen), dtype=torch.long)
+        attention_mask[row, : lengths[row]] = 1
+    # right padding: causal attention keeps every real position blind to the pads after it
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    # generated token i of a row was read from position len(prompt) - 1 + i
+    row_of = torch.cat([torch.full((len(g),), r, dtype=torch.long)
+                        for r, g in enumerate(generated)]).to(device)
+    step_of = torch.cat([torch.arange(len(g)) for g in generated]).to(device)
+    prompt_len = torch.tensor([len(p) for p in prompt_ids], device=device)
+    gen_len = torch.tensor([len(g) for g in generated], device=device)
+    states = hidden[row_of, prompt_len[row_of] - 1 + step_of]  # [positions, hidden]
+    tokens = torch.tensor([t for g in generated for t in g], dtype=torch.long, device=device)
+
+    lm_head = model.get_output_embeddings()
+    entropy = torch.cat([entropy_from_logits(lm_head(chunk))
+                         for chunk in states.split(_HEAD_CHUNK)])
+    ranks = torch.full((len(tokens), heads.num_heads), -1, dtype=torch.long, device=device)
+    for depth in range(1, heads.num_heads + 1):
+        positions = torch.nonzero(step_of + depth < gen_len[row_of]).squeeze(-1)
+        for chunk in positions.split(_HEAD_CHUNK):
+            prefix = None
+            if heads.head_type == "hydra":  # root token i, then the true tokens i+1 .. i+depth-1
+                prefix = tokens[chunk[:, None] + torch.arange(depth, device=device)]
+            logits = heads.head_logits(depth, states[chunk], prefix)
+            ranks[chunk, depth - 1] = topk_ranks(logits, tokens[chunk + depth], topk)
+
+    entropy_np = entropy.float().cpu().numpy()
+    ranks_np = ranks.cpu().numpy().astype(np.int16)
+    bounds = np.cumsum([0] + [len(g) for g in generated])
+    return [ScoredTrajectory(entropy_np[a:b], ranks_np[a:b])
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+# -- resume: one small file per finished prompt ----------------------------------------------
+def _settings_key(base: BaseModel, meta: ProfileMeta) -> str:
+    settings = {
+        "model": model_fingerprint(base), "eos": sorted(base.eos_token_ids),
+        "dtype": meta.extra.get("dtype"), "head_type": meta.head_type,
+        "num_heads": meta.num_heads, "heads_sha256": meta.heads_sha256, "topk": meta.topk,
+        "max_new_tokens": meta.max_new_tokens,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def _tokens_key(ids: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _trace_path(folder: Path, index: int) -> Path:
+    return folder / f"prompt-{index:07d}.npz"
+
+
+def _write_trace(folder: Path, trace: Trace, ids: Sequence[int], settings: str) -> None:
+    header = {"format_version": _SHARD_FORMAT_VERSION, "settings": settings,
+              "prompt_id": trace.prompt_id, "prompt_tokens": _tokens_key(ids)}
+    arrays = {
+        "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
+        "entropy": trace.entropy,
+        "ranks": trace.ranks,
+    }
+    atomic_write(_trace_path(folder, trace.prompt_index),
+                 lambda handle: np.savez(handle, **arrays))
+
+
+def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: str
+                ) -> Trace | None:
+    """The stored trace of ``prompt``, or None when absent or made with other settings."""
+    path = _trace_path(folder, prompt.index)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(bytes(data["header"]).decode("utf-8"))
+            entropy, ranks = data["entropy"], data["ranks"]
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None  # unreadable: profile the prompt again and overwrite it
+    expected = {"format_version": _SHARD_FORMAT_VERSION, "settings": settings,
+                "prompt_id": prompt.prompt_id, "prompt_tokens": _tokens_key(ids)}
+    if header != expected:
+        return None
+    return Trace(prompt.index, prompt.prompt_id, entropy, ranks, prompt_length=len(ids))
+
+
+# -- progress ---------------------------------------------------------------------------------
+class _Progress:
+    """Feeds a ``(tokens, prompts_done)`` callback or a rich Progress bar with tokens/s."""
+
+    def __init__(self, sink: Any, *, total: int, already_done: int) -> None:
+        self.sink, self.tokens, self.done = sink, 0, already_done
+        self.started = time.perf_counter()
+        self.task_id = None
+        if sink is not None and hasattr(sink, "add_task"):
+            self.task_id = sink.add_task("profiling", total=total, completed=already_done)
+        elif callable(sink):
+            sink(0, already_done)
+
+    def advance(self, *, prompts: int, tokens: int) -> None:
+        self.tokens += tokens
+        self.done += prompts
+        if self.task_id is not None:
+            rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+            self.sink.update(self.task_id, advance=prompts,
+                             description=f"profiling ({rate:.1f} tokens/s)")
+        elif callable(self.sink):
+            self.sink(self.tokens, self.done)
+
+    def close(self) -> None:
+        if self.task_id is not None:
+            self.sink.refresh()
