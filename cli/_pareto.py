@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from entmtp.treesearch import EntmtpError, Tree, load_bundle
+from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
 from rich.console import Console
 from rich.table import Table
 
 from ._errors import user_errors
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
-from ._runs import RunDir, load_front
+from ._runs import RunDir, load_front, search_stage
 from .app import app
 
 
@@ -41,6 +41,9 @@ def pareto(
         None, "--acceptance-plot", help="Write acceptance-vs-entropy curves per head as a PNG."
     ),
     buckets: bool = typer.Option(True, help="Also print the front of each entropy bucket."),
+    schedule_trials: int = typer.Option(
+        150, "--schedule-trials", help="Used only when the run has no front.json yet."
+    ),
 ) -> None:
     """Print (and plot) the Pareto front of a run: accept length vs verification latency.
 
@@ -49,8 +52,13 @@ def pareto(
     run = RunDir(run_dir)
     if not run_dir.is_dir():
         raise EntmtpError(f"run folder {run_dir} does not exist: run `entmtp calibrate` first")
-    front = load_front(run)
     console = Console()
+    if not run.front.exists() and run.profile.exists() and run.latency.exists():
+        # A folder with only a profile and a latency model: run the search stage now.
+        task = Profile.load(run.profile).meta.task or "custom"
+        search_stage(run, SearchSettings(schedule_trials=schedule_trials), console=console,
+                     task=task)
+    front = load_front(run)
     task = front.get("task", "?")
     console.print(_front_table(f"Pareto front, task {task}, all positions", front["front"]))
     edges = front.get("bucket_edges", [])

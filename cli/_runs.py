@@ -116,7 +116,9 @@ def search_stage(
     front = outcome_to_json(outcome, task=task)
     front["settings"] = settings_json
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
-    atomic_write_text(run.report, report_markdown(outcome, task=task, latency=latency))
+    report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
+                             topk=profile.meta.topk)
+    atomic_write_text(run.report, report)
     save_bundle(bundle, run.bundle)
     atomic_write_json(run.front, front)  # written last: marks the stage finished
     return run.bundle

@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from ._acceptance import AcceptanceTable, acceptance_table, entropy_bucket_edges
+from ._acceptance import (
+    AcceptanceTable,
+    acceptance_table,
+    entropy_bucket_edges,
+    independence_error,
+)
 from ._bundle import (
     BestStatic,
     Bundle,
@@ -237,7 +242,9 @@ def outcome_to_json(outcome: SearchOutcome, *, task: str) -> dict[str, Any]:
     }
 
 
-def report_markdown(outcome: SearchOutcome, *, task: str, latency: LatencyModel) -> str:
+def report_markdown(
+    outcome: SearchOutcome, *, task: str, latency: LatencyModel, ranks: np.ndarray, topk: int
+) -> str:
     """``report.md``: what a person reads after a calibration run."""
     result = outcome.schedule
     sched = result.schedule
@@ -274,4 +281,15 @@ def report_markdown(outcome: SearchOutcome, *, task: str, latency: LatencyModel)
                      f"{rep.speedup_vs_autoregressive:.3f}x | "
                      f"{rep.tokens_per_second / static_tps:.3f}x |")
     lines += ["", f"Schedule reaches {result.fraction_of_oracle:.1%} of the oracle's tokens/s.", ""]
+    lines += ["## Independence model (Medusa's tree builder) vs the empirical prefix model", "",
+              "| tree | empirical accept length | independence model | relative error |",
+              "|---|---:|---:|---:|"]
+    static_tree = result.candidates[result.best_static_index]
+    checks = [("best static tree", static_tree)] + [(r.name, r.candidate.tree)
+                                                    for r in outcome.references]
+    for label, tree in checks:
+        err = independence_error(tree, ranks, topk)
+        lines.append(f"| {label} ({tree.num_nodes} nodes) | {err['empirical']:.3f} | "
+                     f"{err['independence']:.3f} | {err['relative_error']:+.1%} |")
+    lines.append("")
     return "\n".join(lines)

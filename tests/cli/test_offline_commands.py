@@ -111,3 +111,17 @@ def test_user_errors_are_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
         assert "Traceback" not in result.output
     assert not (tmp_path / "o.json").exists()
+
+
+def test_pareto_runs_the_search_when_only_profile_and_latency_exist(tmp_path):
+    from entmtp.treesearch import synthetic_profile
+
+    profile = synthetic_profile(num_traces=6, positions=128, seed=3)
+    profile.meta.model, profile.meta.vocab_size, profile.meta.hidden_size = "synthetic", 1, 1
+    profile.save(tmp_path / "profile.npz")
+    LatencyModel.cpu_like().save(tmp_path / "latency.json")
+    result = runner.invoke(app, ["pareto", str(tmp_path), "--schedule-trials", "4"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "front.json").is_file() and (tmp_path / "bundle.json").is_file()
+    report = (tmp_path / "report.md").read_text()
+    assert "Independence model" in report and "mc_sim_7b_63" in report
