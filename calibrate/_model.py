@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
 
@@ -207,8 +206,9 @@ def _load_gguf(path: Path) -> BaseModel:
             marker = json.loads((cache / CACHE_MARKER).read_text(encoding="utf-8"))
             if marker.get("gguf_sha256") == digest:
                 return _load_folder(cache, name=marker["name"], source=str(path))
-        except (OSError, ValueError, KeyError, EntmtpError) as err:
+        except Exception as err:  # any broken cache is rebuilt, never fatal
             warnings.warn(f"replacing the unreadable model cache {cache} ({err})", stacklevel=2)
+    if cache.exists():  # unreadable, or without its completion marker: never read it
         shutil.rmtree(cache, ignore_errors=True)
     model, tokenizer = _dequantize_gguf(path)
     base = _make_base(model, tokenizer, name=path.stem, source=str(path))

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
@@ -226,7 +225,8 @@ def score_trajectories(
         input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(gen), dtype=torch.long)
         attention_mask[row, : lengths[row]] = 1
     # right padding: causal attention keeps every real position blind to the pads after it
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    backbone = model.get_decoder()  # its output is the final-norm state that lm_head reads
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     # generated token i of a row was read from position len(prompt) - 1 + i
     row_of = torch.cat([torch.full((len(g),), r, dtype=torch.long)

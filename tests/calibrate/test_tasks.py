@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from entmtp.calibrate import _tasks
 from entmtp.calibrate._tasks import (
     TASKS,
