@@ -1,0 +1,194 @@
+"""Greedy tree decoding is lossless and accepts exactly what the offline replay predicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from entmtp.calibrate._heads import new_heads
+from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate, entropy_from_logits
+from entmtp.runtime._scheduler import StaticScheduler
+from entmtp.treesearch._acceptance import accept_lengths
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._replay import replay
+from entmtp.treesearch._tree import Tree
+
+NUM_HEADS = 4
+TOPK = 6
+PROMPTS = [[1, 17, 42, 99, 5], [1, 3], [1, 60, 61, 62, 63, 64, 65, 66, 120]]
+
+
+@pytest.fixture(scope="module")
+def setup(rt):
+    model = rt.sharp_llama(3)
+    references = {}
+    for prompt in PROMPTS:
+        ids = torch.tensor(prompt)
+        references[tuple(prompt)] = rt.greedy_reference(model, ids, 48)
+    return model, references
+
+
+def _replayed_accepts(rt, model, prompt, continuation, ranks, generated, tree, head_type):
+    profile = rt.oracle_profile(model, prompt, continuation, ranks, generated,
+                                head_type=head_type, entropy_fn=entropy_from_logits)
+    result = replay(profile, tree, LatencyModel.cpu_like())
+    positions, accepts = result.step_position.tolist(), result.step_accept.tolist()
+    # The replay books a final one-token step at the last position; the decoder stops there.
+    if positions and positions[-1] == generated - 1:
+        positions, accepts = positions[:-1], accepts[:-1]
+    return positions, accepts
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_greedy_is_lossless_and_matches_replay_on_random_trees(rt, setup, head_type):
+    model, references = setup
+    rng = np.random.default_rng(7 if head_type == "medusa" else 8)
+    for case in range(9):
+        prompt = PROMPTS[case % len(PROMPTS)]
+        ids = torch.tensor(prompt)
+        reference = references[tuple(prompt)]
+        ranks = rt.random_ranks(rng, len(reference), NUM_HEADS, TOPK, miss=0.15)
+        heads = rt.OracleHeads(model, ids, reference, ranks, head_type=head_type, topk=TOPK,
+                               seed=case)
+        tree = rt.random_tree(rng, int(rng.integers(0, 40)), depth=NUM_HEADS, topk=TOPK)
+        max_new = int(rng.integers(1, 40))
+        result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+            ids, StaticScheduler(tree), max_new_tokens=max_new
+        )
+        assert result.tokens == reference[:max_new], (case, tree)
+        positions, accepts = _replayed_accepts(rt, model, ids, reference, ranks, max_new, tree,
+                                               head_type)
+        assert [s.position for s in result.step_log] == positions
+        assert result.accept_lengths == accepts
+        assert result.steps == len(result.step_log)
+
+
+def test_perfect_draft_accepts_every_level_and_stops_at_max_new_tokens(rt, setup):
+    model, references = setup
+    prompt = torch.tensor(PROMPTS[0])
+    reference = references[tuple(PROMPTS[0])]
+    ranks = np.zeros((len(reference), NUM_HEADS), dtype=np.int64)
+    heads = rt.OracleHeads(model, prompt, reference, ranks, head_type="medusa", topk=TOPK)
+    chain = Tree.from_paths([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    for max_new in range(1, 13):
+        result = decoder.generate(prompt, StaticScheduler(chain), max_new_tokens=max_new)
+        assert result.tokens == reference[:max_new]
+        full_steps = (max_new - 1) // (NUM_HEADS + 1)
+        assert result.accept_lengths[:full_steps] == [NUM_HEADS + 1] * full_steps
+        # the last step is cut so that its drafts never pass max_new_tokens
+        _, accepts = _replayed_accepts(rt, model, prompt, reference, ranks, max_new, chain,
+                                       "medusa")
+        assert result.accept_lengths == accepts
+
+
+def test_early_mismatch_stops_at_that_level(rt, setup):
+    model, references = setup
+    prompt = torch.tensor(PROMPTS[2])
+    reference = references[tuple(PROMPTS[2])]
+    ranks = np.zeros((len(reference), NUM_HEADS), dtype=np.int64)
+    ranks[:, 2] = TOPK - 1  # head 3 ranks the true token where the tree has no node
+    ranks[::3, 0] = -1  # every third position even head 1 misses
+    heads = rt.OracleHeads(model, prompt, reference, ranks, head_type="hydra", topk=TOPK)
+    chain = Tree.from_paths([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+    result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+        prompt, StaticScheduler(chain), max_new_tokens=40
+    )
+    assert result.tokens == reference[:40]
+    for step in result.step_log[:-1]:
+        assert step.accept_length == (1 if step.position % 3 == 0 else 3)
+    expected = accept_lengths(chain, ranks)[[s.position for s in result.step_log[:-1]]]
+    assert result.accept_lengths[:-1] == expected.tolist()
+
+
+def test_empty_tree_decodes_like_autoregressive(rt, setup):
+    model, references = setup
+    prompt = torch.tensor(PROMPTS[1])
+    reference = references[tuple(PROMPTS[1])]
+    heads = new_heads(model, head_type="medusa", num_heads=NUM_HEADS, seed=0)
+    empty = Tree.from_paths([])
+    result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+        prompt, StaticScheduler(empty), max_new_tokens=30
+    )
+    baseline = autoregressive_generate(model, prompt, max_new_tokens=30)
+    assert result.tokens == baseline.tokens == reference[:30]
+    assert result.accept_lengths == baseline.accept_lengths == [1] * 29
+    assert all(s.num_nodes == 0 and s.depth == 0 for s in result.step_log)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_eos_inside_an_accepted_path_stops_right_after_it(rt, setup, head_type):
+    model, references = setup
+    prompt = torch.tensor(PROMPTS[0])
+    reference = references[tuple(PROMPTS[0])]
+    ranks = np.zeros((len(reference), NUM_HEADS), dtype=np.int64)
+    heads = rt.OracleHeads(model, prompt, reference, ranks, head_type=head_type, topk=TOPK)
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 1]])
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    tested_inside = 0
+    for index in range(1, 20):
+        eos = reference[index]
+        stop = reference.index(eos)  # generation ends at the first occurrence
+        result = decoder.generate(prompt, StaticScheduler(tree), max_new_tokens=40,
+                                  eos_token_ids=[eos])
+        assert result.tokens == reference[: stop + 1]
+        last = result.step_log[-1] if result.step_log else None
+        if last is not None and last.position < stop <= last.position + last.accept_length - 1:
+            tested_inside += 1  # the EOS was a draft of the last step, not its next token
+    assert tested_inside > 0
+    with_eos = model.generate(prompt[None], max_new_tokens=40, do_sample=False,
+                              eos_token_id=reference[5], pad_token_id=0,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    again = decoder.generate(prompt, StaticScheduler(tree), max_new_tokens=40,
+                             eos_token_ids=[reference[5]])
+    assert again.tokens == with_eos[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_real_heads_are_lossless(rt, setup, head_type):
+    """calibrate's heads (randomised so they draft something) through the same decoder."""
+    model, references = setup
+    heads = new_heads(model, head_type=head_type, num_heads=NUM_HEADS, seed=1)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    rng = np.random.default_rng(3)
+    tree = rt.random_tree(rng, 30, depth=NUM_HEADS, topk=TOPK)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    for prompt in PROMPTS:
+        result = decoder.generate(torch.tensor(prompt), StaticScheduler(tree), max_new_tokens=25)
+        assert result.tokens == references[tuple(prompt)][:25]
+
+
+def test_autoregressive_matches_generate_and_logs_steps(rt, setup):
+    model, references = setup
+    for prompt in PROMPTS:
+        result = autoregressive_generate(model, torch.tensor([prompt]), max_new_tokens=20)
+        assert result.tokens == references[tuple(prompt)][:20]
+        assert result.steps == 19 and result.mean_accept_length == 1.0
+        assert result.tokens_per_second > 0
+
+
+def test_bad_arguments_raise_entmtp_errors(rt, setup):
+    model, _ = setup
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    decoder = SpeculativeDecoder(model, heads, topk=4)
+    prompt = torch.tensor(PROMPTS[0])
+    with pytest.raises(EntmtpError, match="depth 3"):
+        decoder.generate(prompt, StaticScheduler(Tree.from_paths([[0], [0, 0], [0, 0, 0]])),
+                         max_new_tokens=5)
+    with pytest.raises(EntmtpError, match="top-4"):
+        decoder.generate(prompt, StaticScheduler(Tree.from_paths([[4]])), max_new_tokens=5)
+    chain = StaticScheduler(Tree.from_paths([[0]]))
+    with pytest.raises(EntmtpError, match="unknown"):
+        decoder.generate(prompt, chain, max_new_tokens=5, mode="beam")
+    with pytest.raises(EntmtpError, match="temperature"):
+        decoder.generate(prompt, chain, max_new_tokens=5, mode="rejection")
+    with pytest.raises(EntmtpError, match="input_ids"):
+        decoder.generate(torch.zeros(2, 3, dtype=torch.long), chain, max_new_tokens=5)
+    assert decoder.generate(prompt, chain, max_new_tokens=0).tokens == []
+    other = rt.make_tiny_llama(0, vocab_size=64)
+    with pytest.raises(EntmtpError, match="vocab"):
+        SpeculativeDecoder(other, heads)
