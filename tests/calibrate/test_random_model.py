@@ -107,3 +107,16 @@ def test_default_gguf_config_from_metadata_matches_the_cache():
     for key in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size", "tie_word_embeddings"):
         assert getattr(found.config, key) == getattr(from_metadata, key), key
+
+
+@pytest.mark.integration
+def test_shipped_config_copy_is_the_default_models_architecture():
+    """trees/latency/ ships the default model's config so a GPU machine without the GGUF
+    package builds the same architecture (bench/gpu_latency.sh)."""
+    from importlib import resources
+
+    shipped = resources.files("entmtp.trees").joinpath("latency", "SmolLM2-135M-Instruct.Q4_1")
+    found = model_config(str(shipped))
+    default = model_config(None)
+    assert found.name == default.name
+    assert _architecture(found.config) == _architecture(default.config)

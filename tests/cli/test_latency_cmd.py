@@ -1,0 +1,228 @@
+"""`entmtp latency`, `entmtp retarget` and `entmtp plot-latency` through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+from entmtp.cli import _latency_cmd  # noqa: F401 - importing registers the commands on `app`
+from entmtp.cli._latency_cmd import cpu_name, hardware_slug
+from entmtp.cli.app import app
+from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay
+from typer.testing import CliRunner
+
+runner = CliRunner()
+NODE_COUNTS = (0, 1, 3, 7)
+
+
+def _png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    return lines[0]
+
+
+def _quick_latency_args(out) -> list[str]:
+    return ["latency", "--node-counts", ",".join(map(str, NODE_COUNTS)), "--depths", "1,2",
+            "--context-lengths", "8,16", "--repeats", "1", "--warmup", "0", "--out", str(out)]
+
+
+# -- entmtp latency ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def profiler():
+    # runtime/_latency_profile.py is written alongside this command; skip until it exists.
+    return pytest.importorskip("entmtp.runtime._latency_profile")
+
+
+@pytest.fixture(scope="module")
+def random_latency(profiler, tiny_model_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("latency")
+    out, plot = folder / "latency.json", folder / "latency.png"
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 "--random-weights", "--head-type", "hydra", "--num-heads", "3",
+                                 "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    return out, plot
+
+
+def test_random_weights_latency_is_a_valid_model(random_latency, tiny_model_dir):
+    import torch
+
+    out, _ = random_latency
+    assert json.loads(out.read_text())["format"] == "entmtp-latency"
+    model = LatencyModel.load(out)
+    assert model.nodes == NODE_COUNTS
+    assert {n for n, _, _ in model.measurements} == set(NODE_COUNTS)
+    hw = model.hardware
+    assert hw["device"] == "cpu" and hw["device_name"] == cpu_name()
+    assert hw["dtype"] == "float32" and hw["torch"] == torch.__version__
+    assert hw["model"] == tiny_model_dir.resolve().name
+    assert hw["random_weights"] is True
+    assert (hw["head_type"], hw["num_heads"]) == ("hydra", 3)
+    assert isinstance(hw["cpu_count"], int) and hw["cpu_count"] >= 1
+
+
+def test_latency_plot_is_written(random_latency):
+    _, plot = random_latency
+    width, height = _png_size(plot)
+    assert width > 400 and height > 200
+
+
+def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
+                                                       tiny_medusa_dir, tmp_path):
+    out = tmp_path / "real.json"
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 "--heads", str(tiny_medusa_dir)])
+    assert result.exit_code == 0, result.output
+    measured = LatencyModel.load(out)
+    assert measured.hardware["random_weights"] is False
+    assert measured.hardware["num_heads"] == 3  # the fixture's heads, not --num-heads
+    # `entmtp calibrate --latency` copies a measured model into its run unchanged.
+    from entmtp.cli._calibrate import latency_stage
+    from entmtp.cli._runs import RunDir
+    from rich.console import Console
+
+    run = RunDir(tmp_path / "run")
+    latency_stage(run, latency_file=out, loader=lambda: pytest.fail("must not load a model"),
+                  console=Console())
+    assert LatencyModel.load(run.latency) == measured
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--dtype", "int8"], "--dtype"),
+        (["--device", "tpu"], "--device"),
+        (["--node-counts", "1,x"], "--node-counts"),
+        (["--node-counts", "-1,2"], "--node-counts"),
+        (["--repeats", "0"], "--repeats"),
+        (["--head-type", "eagle", "--random-weights"], "--head-type"),
+    ],
+)
+def test_latency_bad_options_are_one_line_errors(profiler, tiny_model_dir, tmp_path, options,
+                                                 needle):
+    result = runner.invoke(app, [*_quick_latency_args(tmp_path / "x.json"), "--model",
+                                 str(tiny_model_dir), *options])
+    assert needle in _one_line_error(result)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_latency_on_missing_cuda_is_a_one_line_error(profiler, tiny_model_dir, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    result = runner.invoke(app, [*_quick_latency_args(tmp_path / "x.json"), "--model",
+                                 str(tiny_model_dir), "--random-weights", "--device", "cuda",
+                                 "--dtype", "bf16"])
+    assert "cuda" in _one_line_error(result)
+
+
+# -- entmtp retarget --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("retarget") / "demo"
+    result = runner.invoke(app, ["demo", "--out", str(out), "--schedule-trials", "5"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_json(cpu_run):
+    path = cpu_run.parent / "gpu-like.json"
+    LatencyModel.gpu_like().save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpu_run(cpu_run, gpu_json):
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(gpu_json)])
+    assert result.exit_code == 0, result.output
+    target = cpu_run.parent / f"{cpu_run.name}-{hardware_slug(LatencyModel.gpu_like().hardware)}"
+    assert target.is_dir()
+    return target
+
+
+def test_retarget_searches_the_same_profile_under_the_new_latency(cpu_run, gpu_run):
+    gpu = LatencyModel.load(gpu_run / "latency.json")
+    assert gpu == LatencyModel.gpu_like()
+    assert (gpu_run / "profile.npz").read_bytes() == (cpu_run / "profile.npz").read_bytes()
+    before, after = load_bundle(cpu_run / "bundle.json"), load_bundle(gpu_run / "bundle.json")
+    assert after.hardware == gpu.hardware != before.hardware
+    assert (after.model, after.heads, after.task) == (before.model, before.heads, before.task)
+    for tree, stats in zip(after.trees, after.tree_stats, strict=True):
+        assert stats.latency_ms == pytest.approx(gpu.tree_ms(tree))
+    # The prediction is the exact replay of the new schedule on the old profile, new latency.
+    profile = Profile.load(gpu_run / "profile.npz")
+    schedule = Schedule(tuple(after.trees), tuple(after.thresholds), after.entropy.estimator)
+    assert replay(profile, schedule, gpu).tokens_per_second == \
+        pytest.approx(after.predicted.tokens_per_second)
+    old_schedule = Schedule(tuple(before.trees), tuple(before.thresholds),
+                            before.entropy.estimator)
+    assert after.predicted.tokens_per_second != pytest.approx(
+        replay(profile, old_schedule, LatencyModel.cpu_like()).tokens_per_second)
+    settings = json.loads((gpu_run / "front.json").read_text())["settings"]
+    assert settings == json.loads((cpu_run / "front.json").read_text())["settings"]
+
+
+def test_retarget_reuses_a_finished_run_and_redoes_a_changed_one(cpu_run, gpu_run, tmp_path):
+    result = runner.invoke(app, ["retarget", str(cpu_run / "bundle.json"), "--latency",
+                                 str(gpu_run / "latency.json"), "--out", str(gpu_run)])
+    assert result.exit_code == 0, result.output
+    assert "reusing" in result.output
+    # The same folder under another latency model is searched again, never left stale.
+    slower = LatencyModel.gpu_like(base_ms=40.0, flat_until=15)
+    slower_path = tmp_path / "slower.json"
+    slower.save(slower_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(gpu_run, copy)
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(slower_path),
+                                 "--out", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert "reusing" not in result.output
+    bundle = load_bundle(copy / "bundle.json")
+    for tree, stats in zip(bundle.trees, bundle.tree_stats, strict=True):
+        assert stats.latency_ms == pytest.approx(slower.tree_ms(tree))
+
+
+def test_retarget_of_a_bare_bundle_is_a_one_line_error(cpu_run, gpu_json, tmp_path):
+    shutil.copy(cpu_run / "bundle.json", tmp_path / "bundle.json")
+    result = runner.invoke(app, ["retarget", str(tmp_path / "bundle.json"), "--latency",
+                                 str(gpu_json)])
+    assert "bare bundle" in _one_line_error(result)
+
+
+@pytest.mark.parametrize("content", ["not json", '{"format": "entmtp-bundle"}', '{"nodes": [0]}'])
+def test_retarget_with_a_bad_latency_file_is_a_one_line_error(cpu_run, tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(bad), "--out",
+                                 str(tmp_path / "out")])
+    assert "latency" in _one_line_error(result)
+    assert not (tmp_path / "out" / "bundle.json").exists()
+
+
+def test_retarget_into_the_source_run_is_refused(cpu_run, gpu_json):
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(gpu_json), "--out",
+                                 str(cpu_run)])
+    assert "source run" in _one_line_error(result)
+
+
+def test_plot_latency_labels_synthetic_curves(tmp_path):
+    cpu = tmp_path / "cpu.json"
+    LatencyModel.cpu_like().save(cpu)
+    out = tmp_path / "curves.png"
+    result = runner.invoke(app, ["plot-latency", str(cpu), "--synthetic-gpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert _png_size(out)[0] > 400
+    from entmtp.cli._latency_cmd import default_label
+
+    assert "synthetic" in default_label(LatencyModel.gpu_like(), "x")
