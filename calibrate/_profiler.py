@@ -3,8 +3,8 @@
 For each batch of prompts:
 1. ``greedy_trajectories``: the base model's greedy continuation (left-padded batch, KV cache),
    up to and including the first EOS token, at most ``max_new_tokens``.
-2. ``score_trajectories``: ONE teacher-forced forward over prompt + generated tokens (right
-   padded). At generated token ``i`` (position ``i`` of ``treesearch._profile``): the entropy of
+2. ``score_trajectories``: one teacher-forced forward over prompt + generated tokens per
+   trajectory. At generated token ``i`` (position ``i`` of ``treesearch._profile``): the entropy of
    the base distribution that produced it, and the final-norm hidden state that distribution
    was read from; head ``j`` at that hidden state ranks generated token ``i + j`` (Hydra: with
    the true tokens ``i .. i + j - 1`` as the drafted prefix), batched over all positions.
@@ -16,6 +16,7 @@ re-run skips it: an interrupted job resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -179,9 +180,10 @@ def greedy_trajectories(
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
 
+    cache_arg = _cache_argument(model)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1)
-    cache, next_position = out.past_key_values, position_ids[:, -1:] + 1
+    cache, next_position = _returned_cache(out), position_ids[:, -1:] + 1
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
@@ -192,11 +194,21 @@ def greedy_trajectories(
             break
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask,
-                    position_ids=next_position, past_key_values=cache, use_cache=True)
-        cache, next_position = out.past_key_values, next_position + 1
+                    position_ids=next_position, use_cache=True, **{cache_arg: cache})
+        cache, next_position = _returned_cache(out), next_position + 1
     tokens = torch.stack(steps, dim=1).tolist()  # [rows, steps]
     eos_set = set(eos.tolist())
     return [_cut_after_eos(row_tokens, eos_set) for row_tokens in tokens]
+
+
+def _cache_argument(model: Any) -> str:
+    """transformers >= 5.24 names the KV cache ``cache``; earlier ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _returned_cache(output: Any) -> Any:
+    cache = output.get("cache")
+    return cache if cache is not None else output.get("past_key_values")
 
 
 def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
@@ -206,7 +218,7 @@ def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-# -- step 2: one teacher-forced forward per batch ---------------------------------------------
+# -- step 2: one teacher-forced forward per trajectory ---------------------------------------
 def score_trajectories(
     model: Any,
     heads: Any,
@@ -215,46 +227,43 @@ def score_trajectories(
     *,
     topk: int,
 ) -> list[ScoredTrajectory]:
-    """Entropy and head ranks at every generated position of each (prompt, generated) pair."""
-    device = model.get_input_embeddings().weight.device
-    lengths = [len(p) + len(g) for p, g in zip(prompt_ids, generated, strict=True)]
-    rows, width = len(lengths), max(lengths)
-    input_ids = torch.zeros((rows, width), dtype=torch.long, device=device)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
-    for row, (prompt, gen) in enumerate(zip(prompt_ids, generated, strict=True)):
-        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(gen), dtype=torch.long)
-        attention_mask[row, : lengths[row]] = 1
-    # right padding: causal attention keeps every real position blind to the pads after it
-    backbone = model.get_decoder()  # its output is the final-norm state that lm_head reads
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    """Entropy and head ranks at every generated position of each (prompt, generated) pair.
 
-    # generated token i of a row was read from position len(prompt) - 1 + i
-    row_of = torch.cat([torch.full((len(g),), r, dtype=torch.long)
-                        for r, g in enumerate(generated)]).to(device)
-    step_of = torch.cat([torch.arange(len(g)) for g in generated]).to(device)
-    prompt_len = torch.tensor([len(p) for p in prompt_ids], device=device)
-    gen_len = torch.tensor([len(g) for g in generated], device=device)
-    states = hidden[row_of, prompt_len[row_of] - 1 + step_of]  # [positions, hidden]
-    tokens = torch.tensor([t for g in generated for t in g], dtype=torch.long, device=device)
+    Each trajectory gets its own unpadded forward, so its numbers depend on nothing else in the
+    batch: shards merge into exactly the single-process profile. (On a CPU a padded batch is
+    no faster: the forward is compute-bound; generation, not scoring, dominates the cost.)
+    """
+    return [
+        score_trajectory(model, heads, prompt, gen, topk=topk)
+        for prompt, gen in zip(prompt_ids, generated, strict=True)
+    ]
+
+
+def score_trajectory(
+    model: Any, heads: Any, prompt_ids: Sequence[int], generated: Sequence[int], *, topk: int
+) -> ScoredTrajectory:
+    device = model.get_input_embeddings().weight.device
+    sequence = torch.tensor([list(prompt_ids) + list(generated)], dtype=torch.long, device=device)
+    backbone = model.get_decoder()  # its output is the final-norm state that lm_head reads
+    hidden = backbone(input_ids=sequence).last_hidden_state[0]  # [length, hidden]
+    # generated token i was read from position len(prompt) - 1 + i
+    count = len(generated)
+    states = hidden[len(prompt_ids) - 1 : len(prompt_ids) - 1 + count]  # [count, hidden]
+    tokens = sequence[0, len(prompt_ids) :]  # [count]
 
     lm_head = model.get_output_embeddings()
     entropy = torch.cat([entropy_from_logits(lm_head(chunk))
                          for chunk in states.split(_HEAD_CHUNK)])
-    ranks = torch.full((len(tokens), heads.num_heads), -1, dtype=torch.long, device=device)
-    for depth in range(1, heads.num_heads + 1):
-        positions = torch.nonzero(step_of + depth < gen_len[row_of]).squeeze(-1)
+    ranks = torch.full((count, heads.num_heads), -1, dtype=torch.long, device=device)
+    for depth in range(1, min(heads.num_heads, count - 1) + 1):
+        positions = torch.arange(count - depth, device=device)  # those with a token i + depth
         for chunk in positions.split(_HEAD_CHUNK):
             prefix = None
             if heads.head_type == "hydra":  # root token i, then the true tokens i+1 .. i+depth-1
                 prefix = tokens[chunk[:, None] + torch.arange(depth, device=device)]
             logits = heads.head_logits(depth, states[chunk], prefix)
             ranks[chunk, depth - 1] = topk_ranks(logits, tokens[chunk + depth], topk)
-
-    entropy_np = entropy.float().cpu().numpy()
-    ranks_np = ranks.cpu().numpy().astype(np.int16)
-    bounds = np.cumsum([0] + [len(g) for g in generated])
-    return [ScoredTrajectory(entropy_np[a:b], ranks_np[a:b])
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return ScoredTrajectory(entropy.float().cpu().numpy(), ranks.cpu().numpy().astype(np.int16))
 
 
 # -- resume: one small file per finished prompt ----------------------------------------------

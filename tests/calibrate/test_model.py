@@ -97,8 +97,6 @@ def test_instruct_folder_uses_the_chat_template_and_its_end_token(tmp_path):
     assert base.is_instruct
     im_end = base.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert {2, im_end} <= base.eos_token_ids
-    rendered = CHAT_TEMPLATE.replace("{% for m in messages %}", "")  # sanity: template used
-    assert rendered
     ids = base.encode_prompt("ab")
     expected = base.tokenizer("<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n",
                               add_special_tokens=False)["input_ids"]
