@@ -132,9 +132,12 @@ def hardware_slug(hardware: Mapping[str, Any]) -> str:
     return slug or "retargeted"
 
 
+def _is_synthetic(model: LatencyModel) -> bool:
+    return str(model.hardware.get("kind", "")).startswith("synthetic")
+
+
 def curve_label(name: str, model: LatencyModel) -> str:
-    kind = str(model.hardware.get("kind", ""))
-    if kind.startswith("synthetic") and SYNTHETIC_LABEL not in name:
+    if _is_synthetic(model) and SYNTHETIC_LABEL not in name:
         return f"{name} ({SYNTHETIC_LABEL})"
     return name
 
@@ -174,18 +177,20 @@ def plot_latency_curves(
         raise EntmtpError("no latency models to plot")
     plt = _pyplot()
     fig, (absolute, relative) = plt.subplots(1, 2, figsize=(12, 4.8))
-    top = max(max(model.nodes[-1] for model in models.values()), mark_nodes + 1)
-    xs = np.arange(0, top + 1)
+    measured = [m for m in models.values() if not _is_synthetic(m)] or list(models.values())
+    top = max(max(model.nodes[-1] for model in measured), mark_nodes + 1)
     for name, model in models.items():
         label = curve_label(name, model)
+        # each curve only over the sizes it was measured at: no extrapolated tails
+        xs = np.arange(0, min(model.nodes[-1], top) + 1)
         ys = np.asarray(model.step_ms(xs, np.zeros_like(xs)), dtype=float)
         base = float(model.step_ms(0, 0)) or 1.0
-        synthetic = str(model.hardware.get("kind", "")).startswith("synthetic")
-        style = "--" if synthetic else "-"
+        style = "--" if _is_synthetic(model) else "-"
         line, = absolute.plot(xs, ys, style, linewidth=1.6, label=label)
         relative.plot(xs, ys / base, style, linewidth=1.6, color=line.get_color(), label=label)
-        knots = np.asarray(model.nodes)
-        knot_ms = np.asarray(model.verify_ms)
+        shown = np.asarray(model.nodes) <= top
+        knots = np.asarray(model.nodes)[shown]
+        knot_ms = np.asarray(model.verify_ms)[shown]
         absolute.scatter(knots, knot_ms, s=14, color=line.get_color(), zorder=3)
         relative.scatter(knots, knot_ms / base, s=14, color=line.get_color(), zorder=3)
     for ax in (absolute, relative):
@@ -197,7 +202,7 @@ def plot_latency_curves(
     absolute.set_yscale("log")
     absolute.set_ylabel("ms per draft + verify step (depth term excluded)")
     relative.set_ylabel("step time / step time without a tree")
-    relative.legend(fontsize=8, loc="upper left")
+    relative.legend(fontsize=8, loc="best")
     fig.suptitle(title or "Verification latency vs tree size")
     return _save(fig, path)
 
