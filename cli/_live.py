@@ -1,0 +1,401 @@
+"""Shared pieces of the live-decoding commands (validate, bench, decode): loading a bundle with
+its model and heads, encoding prompts, running decoding methods side by side, profiling the
+generated trajectories and comparing live steps with the exact replay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entmtp.treesearch import Bundle, EntmtpError, LatencyModel, Profile, Schedule, load_bundle
+from entmtp.treesearch._atomic import atomic_write_json
+from entmtp.treesearch._profile import ProfileMeta, Trace
+from entmtp.treesearch._replay import ReplayResult
+from rich.console import Console
+
+from ._calibrate import progress_bar
+from ._export import resolve_bundle_path
+from ._model_setup import HEAD_TYPES, resolve_heads
+
+# Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
+REFERENCE_TOPK = 10
+WARMUP_TOKENS = 4  # tokens of the unmeasured warm-up run of each method
+
+
+# -- loading ----------------------------------------------------------------------------------
+def read_bundle(source: Path) -> tuple[Path, Bundle]:
+    path = resolve_bundle_path(Path(source))
+    return path, load_bundle(path)
+
+
+def bundle_schedule(bundle: Bundle) -> Schedule:
+    """The bundle's entropy schedule as the replay and the runtime scheduler take it."""
+    return Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
+
+
+def load_base(model: str | None):
+    from entmtp.calibrate._model import load_base_model
+
+    return load_base_model(model)
+
+
+def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
+    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type``."""
+    from entmtp.calibrate._heads import load_heads
+
+    return load_heads(resolve_heads(heads, head_type, model), base.model)
+
+
+def check_bundle_fits(bundle: Bundle, base, heads) -> None:
+    """One-line ``EntmtpError`` when the bundle was calibrated for another model or head set."""
+    bundle.check_compatible(
+        vocab_size=base.vocab_size,
+        hidden_size=base.hidden_size,
+        head_type=heads.head_type,
+        num_heads=heads.num_heads,
+        heads_sha256=heads.sha256(),
+    )
+
+
+def check_head_type(head_type: str | None) -> None:
+    if head_type is not None and head_type not in HEAD_TYPES:
+        raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
+
+
+# -- prompts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EncodedPrompt:
+    index: int  # TaskPrompt.index: position in the task's full list
+    prompt_id: str
+    ids: list[int]
+
+
+def task_for(task: str | None, data: str | None, fallback: str | None) -> str:
+    """The task to load: the option, else the bundle's task; any valid name labels ``--data``."""
+    from entmtp.calibrate._tasks import TASKS
+
+    if task is not None:
+        if task not in TASKS:
+            raise EntmtpError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+        return task
+    if fallback in TASKS:
+        return str(fallback)
+    if data is not None:
+        return TASKS[0]
+    raise EntmtpError(
+        f"the bundle's task {fallback!r} is not a built-in task: pass --task "
+        f"({', '.join(TASKS)}) or --data FILE.jsonl"
+    )
+
+
+def load_task_prompts(*, task: str, data: str | None, split: str, num_prompts: int,
+                      seed: int) -> list[Any]:
+    """TaskPrompts (loaded before the model, so that bad prompt options fail fast)."""
+    from entmtp.calibrate._tasks import load_prompts
+
+    return load_prompts(task, data=data, split=split, num_prompts=num_prompts, seed=seed)
+
+
+def encode_prompts(base, prompts: Sequence[Any]) -> list[EncodedPrompt]:
+    """Token ids of each TaskPrompt, as the profiler encodes them."""
+    encoded = []
+    for prompt in prompts:
+        ids = base.encode_task_prompt(prompt)
+        if not ids:
+            raise EntmtpError(f"prompt {prompt.prompt_id} encodes to no tokens: drop it")
+        encoded.append(EncodedPrompt(prompt.index, prompt.prompt_id, list(ids)))
+    return encoded
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise EntmtpError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+
+
+# -- methods and their measured totals --------------------------------------------------------
+@dataclass
+class Method:
+    """One way of decoding a prompt: ``run(ids, max_new_tokens) -> DecodeResult``."""
+
+    name: str
+    run: Callable[[list[int], int], Any]
+    info: dict[str, Any] = field(default_factory=dict)  # heads, tree sizes ... for the report
+
+
+@dataclass
+class MethodRuns:
+    """The results of one method on every prompt, in prompt order."""
+
+    method: Method
+    results: list[Any] = field(default_factory=list)  # DecodeResult per prompt
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.results)
+
+    @property
+    def steps(self) -> int:
+        return sum(r.steps for r in self.results)
+
+    @property
+    def decode_ms(self) -> float:
+        return math.fsum(r.decode_ms for r in self.results)
+
+    @property
+    def prefill_ms(self) -> float:
+        return math.fsum(r.prefill_ms for r in self.results)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens the decoding steps produced over the steps' time (the prefill's first token and
+        time excluded, as in the replay)."""
+        produced = sum(max(len(r.tokens) - 1, 0) for r in self.results)
+        return 1000.0 * produced / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    @property
+    def end_to_end_tokens_per_second(self) -> float:
+        total = self.prefill_ms + self.decode_ms
+        return 1000.0 * self.tokens / total if total > 0 else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        accepted = sum(sum(r.accept_lengths) for r in self.results)
+        return accepted / self.steps if self.steps else 0.0
+
+    def tree_usage(self) -> dict[int, int]:
+        """Steps per tree index."""
+        counts: dict[int, int] = {}
+        for result in self.results:
+            for step in result.step_log:
+                counts[step.tree_index] = counts.get(step.tree_index, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def identical_to(self, reference: MethodRuns) -> list[int]:
+        """Prompt positions whose tokens differ from ``reference``'s."""
+        return [
+            i for i, (mine, theirs) in enumerate(zip(self.results, reference.results, strict=True))
+            if list(mine.tokens) != list(theirs.tokens)
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "decode_ms": self.decode_ms,
+            "prefill_ms": self.prefill_ms,
+            "tokens_per_second": self.tokens_per_second,
+            "end_to_end_tokens_per_second": self.end_to_end_tokens_per_second,
+            "mean_accept_length": self.mean_accept_length,
+        }
+
+
+def run_side_by_side(
+    methods: Sequence[Method],
+    prompts: Sequence[EncodedPrompt],
+    *,
+    max_new_tokens: int,
+    console: Console,
+    description: str,
+) -> list[MethodRuns]:
+    """Every method on every prompt, interleaved: prompt ``p`` runs the methods in an order
+    rotated by ``p``, so drift in machine load spreads over all methods. Each method first
+    decodes a few tokens unmeasured (warm-up: lazy initialisation, plan caches)."""
+    runs = [MethodRuns(m) for m in methods]
+    if not prompts:
+        return runs
+    for method in methods:
+        method.run(prompts[0].ids, min(WARMUP_TOKENS, max_new_tokens))
+    slots: list[list[Any]] = [[None] * len(prompts) for _ in methods]
+    with progress_bar(console) as bar:
+        job = bar.add_task(description, total=len(prompts) * len(methods), rate="")
+        produced, seconds = 0, 0.0
+        for p, prompt in enumerate(prompts):
+            shift = p % len(methods)
+            for m in [*range(shift, len(methods)), *range(shift)]:
+                result = methods[m].run(prompt.ids, max_new_tokens)
+                slots[m][p] = result
+                produced += len(result.tokens)
+                seconds += (result.prefill_ms + result.decode_ms) / 1000.0
+                rate = f"{produced / seconds:.1f} tok/s" if seconds > 0 else ""
+                bar.update(job, advance=1, rate=rate)
+    for run, results in zip(runs, slots, strict=True):
+        run.results = results
+    return runs
+
+
+def speculative_method(name: str, decoder, scheduler, *, eos: Sequence[int],
+                       info: dict[str, Any] | None = None) -> Method:
+    def run(ids: list[int], max_new_tokens: int):
+        return decoder.generate(ids, scheduler, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+
+    return Method(name, run, dict(info or {}))
+
+
+def autoregressive_method(model, *, eos: Sequence[int]) -> Method:
+    from entmtp.runtime._decode import autoregressive_generate
+
+    def run(ids: list[int], max_new_tokens: int):
+        return autoregressive_generate(model, ids, max_new_tokens=max_new_tokens,
+                                       eos_token_ids=eos)
+
+    return Method("autoregressive", run, {})
+
+
+def tree_info(tree) -> dict[str, Any]:
+    return {"num_nodes": tree.num_nodes, "depth": tree.depth}
+
+
+def reference_for_heads(name: str, num_heads: int):
+    """A shipped reference tree cut to the heads' depth (deeper paths dropped), and whether a
+    cut was needed."""
+    from entmtp.treesearch import Tree
+    from entmtp.treesearch._run import reference_tree
+
+    tree = reference_tree(name)
+    if tree.depth <= num_heads:
+        return tree, False
+    return Tree.from_paths([p for p in tree.paths if len(p) <= num_heads]), True
+
+
+# -- profiling the generated trajectories -----------------------------------------------------
+def profile_trajectories(
+    base, heads, prompts: Sequence[EncodedPrompt], trajectories: Sequence[Sequence[int]], *,
+    topk: int, batch_size: int = 8, task: str = "", split: str = "",
+) -> Profile:
+    """The profile of given greedy trajectories (e.g. the autoregressive outputs): the
+    profiler's teacher-forced scoring, without generating again."""
+    import torch
+    from entmtp.calibrate._profiler import score_trajectories
+
+    traces: list[Trace] = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            chunk = list(range(start, min(start + batch_size, len(prompts))))
+            scored = score_trajectories(
+                base.model, heads, [prompts[i].ids for i in chunk],
+                [list(trajectories[i]) for i in chunk], topk=topk,
+            )
+            for i, result in zip(chunk, scored, strict=True):
+                traces.append(Trace(prompts[i].index, prompts[i].prompt_id, result.entropy,
+                                    result.ranks, prompt_length=len(prompts[i].ids)))
+    meta = ProfileMeta(
+        model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+        head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),
+        task=task, topk=topk, split=split,
+        max_new_tokens=max((len(t) for t in trajectories), default=0),
+    )
+    return Profile(meta, traces)
+
+
+def accept_only_latency() -> LatencyModel:
+    """A flat latency model for replays whose step times are not used (accept lengths only)."""
+    return LatencyModel((0,), (1.0,), autoregressive_ms=1.0)
+
+
+# -- live vs replayed steps -------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepMismatch:
+    prompt_id: str
+    position: int
+    live_accept: int | None  # None: the live decoder ran no step here
+    replayed_accept: int | None  # None: the replay ran no step here
+    live_estimate: float | None
+    replayed_estimate: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        def num(x: float | None) -> float | None:
+            return None if x is None or not math.isfinite(x) else float(x)
+
+        return {"prompt_id": self.prompt_id, "position": self.position,
+                "live_accept": self.live_accept, "replayed_accept": self.replayed_accept,
+                "live_estimate": num(self.live_estimate),
+                "replayed_estimate": num(self.replayed_estimate)}
+
+
+@dataclass
+class StepComparison:
+    steps_compared: int  # positions where either ran a step
+    steps_equal: int  # ... where both ran one with the same accept length
+    replayed_steps: int  # replayed steps on the live decoder's footing
+    replayed_accepted: int  # their accepted tokens
+    mismatches: list[StepMismatch]
+
+    @property
+    def agreement(self) -> float:
+        return self.steps_equal / self.steps_compared if self.steps_compared else 1.0
+
+    @property
+    def replayed_mean_accept_length(self) -> float:
+        return self.replayed_accepted / self.replayed_steps if self.replayed_steps else 0.0
+
+
+def compare_steps(
+    live: Sequence[Any], replayed: ReplayResult, prompt_ids: Sequence[str]
+) -> StepComparison:
+    """Live steps against the replay's steps, position by position, prompt by prompt.
+
+    ``live[j]`` (a DecodeResult) must be the decoding of the prompt whose trajectory is trace
+    ``j`` of the replayed profile. The live decoder runs no step at a trajectory's last position
+    where the replay books a final one-token step; that step is left out.
+    """
+    compared = equal = steps = accepted = 0
+    mismatches: list[StepMismatch] = []
+    for j, (result, prompt_id) in enumerate(zip(live, prompt_ids, strict=True)):
+        mine = replayed.step_trace == j
+        positions = replayed.step_position[mine].tolist()
+        accepts = replayed.step_accept[mine].tolist()
+        estimates = replayed.step_estimate[mine].tolist()
+        rep = {p: (a, e) for p, a, e in zip(positions, accepts, estimates, strict=True)}
+        own = {s.position: (s.accept_length, s.entropy_estimate) for s in result.step_log}
+        last = len(result.tokens) - 1
+        if last in rep and last not in own and rep[last][0] == 1:
+            del rep[last]
+        steps += len(rep)
+        accepted += sum(a for a, _ in rep.values())
+        for position in sorted(set(rep) | set(own)):
+            live_step, rep_step = own.get(position), rep.get(position)
+            compared += 1
+            if live_step is not None and rep_step is not None and live_step[0] == rep_step[0]:
+                equal += 1
+                continue
+            mismatches.append(StepMismatch(
+                prompt_id, position,
+                None if live_step is None else int(live_step[0]),
+                None if rep_step is None else int(rep_step[0]),
+                None if live_step is None else float(live_step[1]),
+                None if rep_step is None else float(rep_step[1]),
+            ))
+    return StepComparison(compared, equal, steps, accepted, mismatches)
+
+
+# -- output -----------------------------------------------------------------------------------
+def write_json(path: Path | None, payload: dict[str, Any], console: Console) -> None:
+    if path is None:
+        return
+    try:
+        atomic_write_json(path, _finite(payload))
+    except OSError as err:
+        raise EntmtpError(f"cannot write {path}: {err.strerror}; choose another --json") from err
+    console.print(f"wrote {path}")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN / Infinity: write them as null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")

