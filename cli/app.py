@@ -35,7 +35,17 @@ def _root(
 
 def _register() -> None:
     # Each command lives in its own module; importing registers it on `app`.
-    from . import _calibrate, _demo, _export, _pareto  # noqa: F401
+    from . import (  # noqa: F401
+        _bench,
+        _calibrate,
+        _decode,
+        _demo,
+        _export,
+        _heads_cmd,
+        _latency_cmd,
+        _pareto,
+        _validate,
+    )
 
 
 _register()
