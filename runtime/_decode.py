@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 from transformers.cache_utils import DynamicCache
@@ -33,11 +34,6 @@ from ._tree_attention import TreePlan, tree_plan
 from ._verify import check_tree_attention_support, forward_tokens, greedy_accept, tree_forward
 
 MODES = ("greedy", "typical", "rejection")
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 from entmtp.calibrate._heads import new_heads
-from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate, entropy_from_logits
+from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import StaticScheduler
 from entmtp.treesearch._acceptance import accept_lengths
 from entmtp.treesearch._errors import EntmtpError

@@ -1,0 +1,160 @@
+"""The central test: live decoding accepts, step by step, what the replay of a profile predicts.
+
+The profile comes from calibrate's profiler on the same model, heads and prompts; the replay is
+treesearch's; the live decoder runs the same static tree or entropy schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from entmtp.calibrate._heads import new_heads
+from entmtp.calibrate._model import BaseModel
+from entmtp.calibrate._profiler import profile_prompts
+from entmtp.calibrate._tasks import TaskPrompt
+from entmtp.runtime._decode import SpeculativeDecoder
+from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._replay import replay
+from entmtp.treesearch._schedule import Schedule
+from entmtp.treesearch._tree import Tree
+
+TOPK = 5
+MAX_NEW = 28
+TEXTS = ["a cat", "the quick brown fox", "x", "numbers 1 2 3 4 5 6"]
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for the profiler: BOS + one id per character."""
+
+    pad_token_id = 0
+    eos_token_id = 2
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1] + [3 + (ord(c) % 120) for c in text]}
+
+
+def _base(rt) -> BaseModel:
+    return BaseModel(rt.sharp_llama(5), _CharTokenizer(), name="tiny", source="test",
+                     is_instruct=False)
+
+
+def _prompts():
+    return [TaskPrompt(i, f"p{i}", text) for i, text in enumerate(TEXTS)]
+
+
+def _thresholds(estimates: np.ndarray) -> tuple[float, float]:
+    """Two thresholds in the widest gaps of the middle quantiles (far from any estimate)."""
+    values = np.unique(estimates)
+    chosen = []
+    for low, high in ((0.2, 0.45), (0.55, 0.8)):
+        lo, hi = int(low * (len(values) - 1)), max(int(high * (len(values) - 1)), 1)
+        gaps = np.diff(values[lo : hi + 1])
+        k = lo + int(np.argmax(gaps))
+        chosen.append(float((values[k] + values[k + 1]) / 2))
+    return tuple(sorted(chosen))
+
+
+def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
+    replayed = replay(profile, schedule_or_tree, LatencyModel.cpu_like())
+    compared_steps = 0
+    total_accepts = []
+    for trace_index, trace in enumerate(profile.traces):
+        ids = base.encode_task_prompt(prompts[trace.prompt_index])
+        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
+                                eos_token_ids=base.eos_token_ids)
+        assert len(live.tokens) == trace.num_positions
+        mine = replayed.step_trace == trace_index
+        positions = replayed.step_position[mine].tolist()
+        accepts = replayed.step_accept[mine].tolist()
+        trees = replayed.step_tree[mine].tolist()
+        estimates = replayed.step_estimate[mine]
+        if positions and positions[-1] == trace.num_positions - 1:  # replay's final 1-token step
+            positions, accepts, trees = positions[:-1], accepts[:-1], trees[:-1]
+            estimates = estimates[:-1]
+        assert [s.position for s in live.step_log] == positions
+        assert live.accept_lengths == accepts
+        assert [s.tree_index for s in live.step_log] == trees
+        if isinstance(scheduler, BundleScheduler):  # a static scheduler estimates nothing
+            live_estimates = np.array([s.entropy_estimate for s in live.step_log])
+            np.testing.assert_allclose(live_estimates, estimates, atol=1e-4)
+        compared_steps += len(positions)
+        total_accepts.extend(accepts)
+    return compared_steps, total_accepts
+
+
+def test_oracle_heads_live_schedule_equals_profile_replay(rt):
+    base = _base(rt)
+    prompts = _prompts()
+    rng = np.random.default_rng(4)
+    # oracle heads need the continuations: greedy decoding as the profiler does it
+    heads_per_prompt = {}
+    for prompt in prompts:
+        ids = torch.tensor(base.encode_task_prompt(prompt))
+        continuation = rt.greedy_reference(base.model, ids, MAX_NEW + 8)
+        ranks = rt.random_ranks(rng, len(continuation), 3, TOPK, miss=0.2)
+        heads_per_prompt[prompt.index] = rt.OracleHeads(
+            base.model, ids, continuation, ranks, head_type="medusa", topk=TOPK, seed=prompt.index
+        )
+    heads = _PromptRouter(heads_per_prompt)
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    estimator = EntropyEstimator.ema(0.5)
+    starts = np.cumsum([0] + [t.num_positions for t in profile.traces[:-1]])
+    thresholds = _thresholds(estimator.estimates(profile.entropy(), trace_starts=starts))
+    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [3], [4]]))
+    schedule = Schedule(trees, thresholds, estimator)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    steps, accepts = _compare(profile, decoder, BundleScheduler(schedule), schedule, base,
+                              prompts)
+    assert steps > 20 and max(accepts) >= 3  # the comparison saw real multi-token steps
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type):
+    base = _base(rt)
+    prompts = _prompts()
+    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=2)
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    tree = Tree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    steps, _ = _compare(profile, decoder, StaticScheduler(tree), tree, base, prompts)
+    assert steps > 20
+
+
+class _PromptRouter(torch.nn.Module):
+    """One oracle per prompt behind the heads interface: routes each row by its hidden state."""
+
+    head_type = "medusa"
+
+    def __init__(self, oracles):
+        super().__init__()
+        self.oracles = list(oracles.values())
+        first = self.oracles[0]
+        self.num_heads, self.hidden_size, self.vocab_size = (
+            first.num_heads, first.hidden_size, first.vocab_size)
+
+    def sha256(self) -> str:
+        return "0" * 64
+
+    def head_logits(self, depth, hidden, prefix_tokens):
+        rows = []
+        for n in range(hidden.shape[0]):
+            distances = [
+                float(torch.cdist(hidden[n : n + 1].float(), o.reference_hidden.float(),
+                                  compute_mode="donot_use_mm_for_euclid_dist").min())
+                for o in self.oracles
+            ]
+            oracle = self.oracles[int(np.argmin(distances))]
+            prefix = None if prefix_tokens is None else prefix_tokens[n : n + 1]
+            rows.append(oracle.head_logits(depth, hidden[n : n + 1], prefix))
+        return torch.cat(rows)
