@@ -1,0 +1,73 @@
+"""Latency profiling: the trees it times, the structure of the fitted model (never the times)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from entmtp.calibrate._heads import new_heads
+from entmtp.runtime._latency_profile import budget_tree, profile_latency
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._tree import Tree
+
+
+@pytest.mark.parametrize("topk", [1, 3, 10])
+def test_budget_trees_have_the_asked_size_and_depth(topk):
+    for num_heads in (1, 2, 4):
+        for n in (0, 1, 2, 5, 9, 20):
+            capacity = sum(topk**d for d in range(1, num_heads + 1))
+            if n > capacity:
+                with pytest.raises(EntmtpError, match="does not fit"):
+                    budget_tree(n, 1, topk=topk, num_heads=num_heads)
+                continue
+            for depth in (1, 2, num_heads):
+                tree = budget_tree(n, depth, topk=topk, num_heads=num_heads)
+                assert tree.num_nodes == n
+                tree.check_fits(topk=topk, num_heads=num_heads)
+                if n == 0:
+                    assert tree.depth == 0
+                    continue
+                wanted = min(depth, num_heads, n)
+                fits = [d for d in range(wanted, num_heads + 1)
+                        if sum(topk**j for j in range(1, d + 1)) >= n]
+                assert tree.depth == fits[0]  # as asked, or the shallowest that holds n nodes
+
+
+def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="hydra", num_heads=3, seed=0)
+    extra = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
+    latency = profile_latency(
+        model, heads, node_counts=(0, 1, 3, 6), depths=(1, 3), context_lengths=(8, 24),
+        repeats=2, warmup=1, trees=[extra], topk=4,
+    )
+    assert isinstance(latency, LatencyModel)
+    # trees: 0 nodes once; 1 node once (chain == wide); 3 and 6 nodes wide and deep; + extra
+    measured = {(n, d) for n, d, _ in latency.measurements}
+    assert measured == {(0, 0), (1, 1), (3, 1), (3, 3), (6, 2), (6, 3), (4, 3)}
+    assert len(latency.measurements) == 2 * 7  # every tree at both context lengths
+    assert latency.nodes == (0, 1, 3, 4, 6)
+    assert all(ms > 0 and math.isfinite(ms) for _, _, ms in latency.measurements)
+    assert latency.autoregressive_ms > 0
+    hardware = latency.hardware
+    for key in ("device", "device_name", "torch", "cpu_count", "dtype", "context_lengths"):
+        assert key in hardware
+    assert hardware["torch"] == torch.__version__ and hardware["dtype"] == "float32"
+    assert set(hardware["autoregressive_ms_by_context"]) == {"8", "24"}
+    path = latency.save(tmp_path / "latency.json")
+    assert LatencyModel.load(path) == LatencyModel.from_json(json.loads(path.read_text()))
+    assert LatencyModel.load(path).to_json() == latency.to_json()
+
+
+def test_profile_latency_rejects_bad_options(rt):
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    with pytest.raises(EntmtpError, match="repeats"):
+        profile_latency(model, heads, repeats=0)
+    with pytest.raises(EntmtpError, match="positions"):
+        profile_latency(model, heads, node_counts=(1,), context_lengths=(600,))
+    with pytest.raises(EntmtpError, match="does not fit"):
+        profile_latency(model, heads, node_counts=(200,), topk=3)
