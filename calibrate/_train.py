@@ -1,0 +1,594 @@
+"""Train draft heads on a frozen base model (Medusa-1 style; Hydra teacher-forced).
+
+The base model runs once: batched greedy generation from prompts (self-distillation: the heads
+learn the base model's own continuations) or one teacher-forced pass over given text. Each run
+is kept as a :class:`Trajectory` of final-norm hidden states and the tokens they chose, so that
+the heads then train for several epochs on the cache without touching the base model.
+
+Head ``d`` at trajectory position ``s`` reads ``hidden[s]`` (and, for Hydra, the true prefix
+``tokens[s : s + d]``: the root then the tokens above it) and learns ``tokens[s + d]`` by
+cross-entropy, exactly the quantity the profiler ranks.
+
+On a CPU the vocabulary projection dominates the cost (49k x hidden per example and head), so
+training by default normalises the softmax over the tokens that occur in the training
+trajectories (``softmax_vocab="seen"``); evaluation always ranks over the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from entmtp.treesearch._atomic import atomic_write
+from entmtp.treesearch._errors import EntmtpError
+from torch import Tensor
+
+from ._heads import DraftHeads, _unwrap_base
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+TRAIN_MODES = ("self-distill", "text")
+
+
+@dataclass
+class Trajectory:
+    """One base-model run: ``hidden[s]`` is the final-norm state whose logits chose ``tokens[s]``.
+
+    Self-distillation: ``tokens`` are the greedy continuation of a prompt and ``hidden[0]`` is
+    the state at the prompt's last token. Text: ``tokens[s]`` is the text token after position s.
+    """
+
+    hidden: Tensor  # [T, hidden_size] float
+    tokens: Tensor  # [T] int64
+    source: str = ""  # a label (e.g. the task) for per-source accuracy
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class HeadAccuracy:
+    depth: int  # head d predicts the token d steps after the root
+    top1: float
+    top5: float
+    positions: int
+
+
+@dataclass
+class TrainReport:
+    head_type: str
+    num_heads: int
+    mode: str
+    epochs: int
+    lr: float
+    batch_size: int
+    seed: int
+    max_new_tokens: int
+    train_trajectories: int
+    train_positions: int
+    heldout_trajectories: int
+    heldout_positions: int
+    softmax_vocab_size: int
+    epoch_losses: list[float] = field(default_factory=list)
+    heldout: list[HeadAccuracy] = field(default_factory=list)
+    generation_seconds: float = 0.0
+    training_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        return accuracy_table({"heldout": self.heldout})
+
+
+def accuracy_table(rows: dict[str, list[HeadAccuracy]]) -> str:
+    """Markdown table: one row per label, top-1 / top-5 per head."""
+    depths = sorted({acc.depth for accs in rows.values() for acc in accs})
+    header = "| data | positions | " + " | ".join(f"head {d} top-1 / top-5" for d in depths) + " |"
+    lines = [header, "|" + "---|" * (len(depths) + 2)]
+    for label, accs in rows.items():
+        by_depth = {acc.depth: acc for acc in accs}
+        cells = [
+            f"{by_depth[d].top1:.3f} / {by_depth[d].top5:.3f}" if d in by_depth else "-"
+            for d in depths
+        ]
+        positions = by_depth[depths[0]].positions if depths and depths[0] in by_depth else 0
+        lines.append(f"| {label} | {positions} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Base model runs
+
+
+def _eos_ids(base: Any, module: torch.nn.Module) -> set[int]:
+    ids = getattr(base, "eos_token_ids", None)
+    if ids is None:
+        ids = getattr(module.config, "eos_token_id", None)
+    if ids is None:
+        return set()
+    if isinstance(ids, int):
+        return {ids}
+    return {int(i) for i in ids}
+
+
+def _prompt_ids(base: Any, item: Any) -> list[int]:
+    """Token ids of a prompt given as token ids, text, or a TaskPrompt (or anything with
+    ``.text``)."""
+    if hasattr(item, "text_for") and hasattr(base, "encode_task_prompt"):
+        return list(base.encode_task_prompt(item))
+    text = getattr(item, "text", item)
+    if isinstance(text, str):
+        encode = getattr(base, "encode_prompt", None)
+        if encode is None:
+            raise EntmtpError(
+                "text prompts need a base model with encode_prompt (load it with "
+                "entmtp's load_base_model); or pass token ids"
+            )
+        ids = encode(text)
+    else:
+        ids = text
+    ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1).tolist()
+    if not ids:
+        raise EntmtpError("an empty prompt cannot be continued; drop it from the data")
+    return ids
+
+
+def _text_ids(base: Any, item: Any) -> list[int]:
+    text = getattr(item, "text", item)
+    if isinstance(text, str):
+        tokenizer = getattr(base, "tokenizer", None)
+        if tokenizer is None:
+            raise EntmtpError("text mode needs a base model with a tokenizer, or token ids")
+        return list(tokenizer(text)["input_ids"])
+    return torch.as_tensor(text, dtype=torch.int64).reshape(-1).tolist()
+
+
+def _report(progress: Progress | None, stage: str, done: int, total: int) -> None:
+    if progress is not None:
+        progress(stage, done, total)
+
+
+def _cache_keyword(decoder: torch.nn.Module) -> str:
+    # transformers 5 renamed the decoder's ``past_key_values`` argument to ``cache``.
+    parameters = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+@torch.inference_mode()
+def greedy_batch(
+    module: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_ids: set[int],
+) -> list[tuple[Tensor, Tensor]]:
+    """Greedy continuations of left-padded ``prompts`` in one batch: [(hidden [T, H], tokens [T])].
+
+    Each row stops after its first EOS token (kept) or ``max_new_tokens`` tokens.
+    """
+    decoder = module.base_model
+    lm_head = module.get_output_embeddings()
+    device = next(module.parameters()).device
+    batch, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.zeros((batch, width), dtype=torch.int64, device=device)
+    mask = torch.zeros((batch, width), dtype=torch.int64, device=device)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
+        mask[row, width - len(prompt):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache_kw = _cache_keyword(decoder)
+    out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache = _output_cache(out)
+    hidden = out.last_hidden_state[:, -1]
+    hiddens: list[Tensor] = []
+    tokens: list[Tensor] = []
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, dtype=torch.int64, device=device)
+    eos = torch.as_tensor(sorted(eos_ids), dtype=torch.int64, device=device)
+    for _ in range(max_new_tokens):
+        token = lm_head(hidden).argmax(-1)
+        hiddens.append(hidden.float().cpu())
+        tokens.append(token.cpu())
+        lengths += (~done).long()
+        done |= torch.isin(token, eos)
+        if bool(done.all()) or len(tokens) == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+        positions = positions[:, -1:] + 1
+        out = decoder(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_kw: cache},
+        )
+        cache = _output_cache(out)
+        hidden = out.last_hidden_state[:, -1]
+    stacked_hidden = torch.stack(hiddens, dim=1)
+    stacked_tokens = torch.stack(tokens, dim=1)
+    return [
+        (stacked_hidden[row, : int(lengths[row])].clone(), stacked_tokens[row, : int(lengths[row])])
+        for row in range(batch)
+    ]
+
+
+def generate_trajectories(
+    base: Any,
+    prompts: Sequence[Any],
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    sources: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> list[Trajectory]:
+    """Greedy trajectories of ``prompts`` (text, TaskPrompt-like, or token ids), in order.
+
+    Prompts are batched by length to keep left padding small.
+    """
+    module = _unwrap_base(base)
+    eos_ids = _eos_ids(base, module)
+    ids = [_prompt_ids(base, prompt) for prompt in prompts]
+    labels = list(sources) if sources is not None else [""] * len(ids)
+    if len(labels) != len(ids):
+        raise EntmtpError(f"{len(labels)} source labels for {len(ids)} prompts")
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    result: list[Trajectory | None] = [None] * len(ids)
+    _report(progress, "generate", 0, len(ids))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        runs = greedy_batch(
+            module, [ids[i] for i in chunk], max_new_tokens=max_new_tokens, eos_ids=eos_ids
+        )
+        for index, (hidden, tokens) in zip(chunk, runs, strict=True):
+            result[index] = Trajectory(hidden=hidden, tokens=tokens, source=labels[index])
+        _report(progress, "generate", min(start + batch_size, len(ids)), len(ids))
+    return [trajectory for trajectory in result if trajectory is not None]
+
+
+@torch.inference_mode()
+def text_trajectories(
+    base: Any,
+    texts: Sequence[Any],
+    *,
+    max_length: int = 512,
+    batch_size: int = 8,
+    sources: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> list[Trajectory]:
+    """Teacher-forced trajectories of ``texts`` cut into windows of ``max_length`` tokens."""
+    module = _unwrap_base(base)
+    decoder = module.base_model
+    device = next(module.parameters()).device
+    labels = list(sources) if sources is not None else [""] * len(texts)
+    windows: list[tuple[list[int], str]] = []
+    for text, label in zip(texts, labels, strict=True):
+        ids = _text_ids(base, text)
+        for start in range(0, max(len(ids) - 1, 0), max_length - 1):
+            window = ids[start:start + max_length]
+            if len(window) >= 2:
+                windows.append((window, label))
+    result: list[Trajectory] = []
+    _report(progress, "forward", 0, len(windows))
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start:start + batch_size]
+        width = max(len(window) for window, _ in chunk)
+        input_ids = torch.zeros((len(chunk), width), dtype=torch.int64, device=device)
+        mask = torch.zeros_like(input_ids)
+        for row, (window, _) in enumerate(chunk):
+            input_ids[row, : len(window)] = torch.as_tensor(window)
+            mask[row, : len(window)] = 1
+        hidden = decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        for row, (window, label) in enumerate(chunk):
+            length = len(window)
+            result.append(
+                Trajectory(
+                    hidden=hidden[row, : length - 1].float().cpu().clone(),
+                    tokens=input_ids[row, 1:length].cpu().clone(),
+                    source=label,
+                )
+            )
+        _report(progress, "forward", min(start + batch_size, len(windows)), len(windows))
+    return result
+
+
+def save_trajectories(path: str | os.PathLike, trajectories: Sequence[Trajectory]) -> Path:
+    """One safetensors file (concatenated hidden states and tokens, lengths, sources)."""
+    from safetensors.torch import save
+
+    if not trajectories:
+        raise EntmtpError("no trajectories to save")
+    tensors = {
+        "hidden": torch.cat([t.hidden for t in trajectories]).contiguous(),
+        "tokens": torch.cat([t.tokens for t in trajectories]).contiguous(),
+        "lengths": torch.as_tensor([len(t) for t in trajectories], dtype=torch.int64),
+    }
+    metadata = {"sources": json.dumps([t.source for t in trajectories])}
+    payload = save(tensors, metadata=metadata)
+    return atomic_write(path, lambda handle: handle.write(payload))
+
+
+def load_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            sources = json.loads((handle.metadata() or {}).get("sources", "[]"))
+            hidden, tokens, lengths = (
+                handle.get_tensor(name) for name in ("hidden", "tokens", "lengths")
+            )
+    except Exception as err:
+        raise EntmtpError(f"cannot read trajectories {path}: {err}") from err
+    result, offset = [], 0
+    for index, length in enumerate(lengths.tolist()):
+        source = sources[index] if index < len(sources) else ""
+        result.append(
+            Trajectory(hidden[offset:offset + length], tokens[offset:offset + length], source)
+        )
+        offset += length
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and evaluation on cached trajectories
+
+
+@dataclass
+class _Examples:
+    """Positions of concatenated trajectories with their per-head targets."""
+
+    hidden: Tensor  # [M, H] all positions
+    tokens: Tensor  # [M] all positions
+    rows: Tensor  # [n] positions with at least one target
+    targets: Tensor  # [n, num_heads] token d steps after the root, -1 past the trajectory end
+
+
+def _examples(trajectories: Sequence[Trajectory], num_heads: int) -> _Examples:
+    if not trajectories:
+        raise EntmtpError("no trajectories: give prompts or texts to train or evaluate on")
+    hidden = torch.cat([t.hidden for t in trajectories])
+    tokens = torch.cat([t.tokens for t in trajectories]).long()
+    lengths = torch.as_tensor([len(t) for t in trajectories])
+    starts = torch.cumsum(lengths, 0) - lengths
+    index = torch.arange(len(tokens))
+    remaining = torch.repeat_interleave(starts + lengths, lengths) - 1 - index
+    rows = index[remaining >= 1]
+    depth = torch.arange(1, num_heads + 1)
+    gather = (rows[:, None] + depth).clamp(max=len(tokens) - 1)
+    targets = torch.where(depth <= remaining[rows, None], tokens[gather], -1)
+    return _Examples(hidden=hidden, tokens=tokens, rows=rows, targets=targets)
+
+
+def _prefixes(examples: _Examples, rows: Tensor, depth: int) -> Tensor:
+    """[n, depth] root then true tokens above it (teacher forcing) for positions ``rows``."""
+    return examples.tokens[rows[:, None] + torch.arange(depth)]
+
+
+def fit_heads(
+    heads: DraftHeads,
+    trajectories: Sequence[Trajectory],
+    *,
+    epochs: int = 3,
+    lr: float = 1e-3,
+    batch_size: int = 256,
+    seed: int = 0,
+    weight_decay: float = 0.0,
+    softmax_vocab: str = "seen",
+    progress: Progress | None = None,
+) -> list[float]:
+    """Train ``heads`` in place on cached trajectories; returns the mean loss of each epoch.
+
+    AdamW with 5 % linear warm-up then cosine decay; the loss is the sum over heads of the
+    cross-entropy on the token ``d`` steps after the root. ``softmax_vocab``: "seen" (tokens that
+    occur in the trajectories) or "full".
+    """
+    if epochs < 1 or batch_size < 1 or lr <= 0:
+        raise EntmtpError("training needs epochs >= 1, batch_size >= 1 and lr > 0")
+    examples = _examples(trajectories, heads.num_heads)
+    vocab_ids, targets = _softmax_vocab(examples, heads.vocab_size, softmax_vocab)
+    parameters = [p for p in heads.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    count = len(examples.rows)
+    steps_per_epoch = math.ceil(count / batch_size)
+    total_steps = epochs * steps_per_epoch
+    warmup = max(1, total_steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    device, dtype = heads.device, heads.dtype
+    heads.train()
+    losses: list[float] = []
+    step = 0
+    _report(progress, "train", 0, total_steps)
+    try:
+        for _ in range(epochs):
+            order = torch.randperm(count, generator=generator)
+            epoch_loss, epoch_batches = 0.0, 0
+            for start in range(0, count, batch_size):
+                picked = order[start:start + batch_size]
+                rows = examples.rows[picked]
+                hidden = examples.hidden[rows].to(device, dtype)
+                loss = torch.zeros((), device=device)
+                for depth in range(1, heads.num_heads + 1):
+                    target = targets[picked, depth - 1]
+                    valid = target >= 0
+                    if not bool(valid.any()):
+                        continue
+                    prefix = _prefixes(examples, rows[valid], depth).to(device)
+                    features = heads.head_features(depth, hidden[valid], prefix)
+                    logits = heads.project(depth, features, vocab_ids)
+                    loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+                scheduler.step()
+                epoch_loss += float(loss.detach())
+                epoch_batches += 1
+                step += 1
+                _report(progress, "train", step, total_steps)
+            losses.append(epoch_loss / max(1, epoch_batches))
+    finally:
+        heads.eval()
+    return losses
+
+
+def _softmax_vocab(
+    examples: _Examples, vocab_size: int, mode: str
+) -> tuple[Tensor | None, Tensor]:
+    if mode == "full":
+        return None, examples.targets
+    if mode != "seen":
+        raise EntmtpError(f"softmax_vocab must be 'seen' or 'full', got {mode!r}")
+    vocab_ids = torch.unique(examples.tokens)
+    lookup = torch.full((vocab_size,), -1, dtype=torch.int64)
+    lookup[vocab_ids] = torch.arange(len(vocab_ids))
+    targets = torch.where(examples.targets >= 0, lookup[examples.targets.clamp(min=0)], -1)
+    return vocab_ids, targets
+
+
+@torch.inference_mode()
+def head_accuracy(
+    heads: DraftHeads,
+    trajectories: Sequence[Trajectory],
+    *,
+    batch_size: int = 512,
+) -> list[HeadAccuracy]:
+    """Per-head top-1 / top-5 accuracy over the full vocabulary (Hydra: true prefix)."""
+    examples = _examples(trajectories, heads.num_heads)
+    device, dtype = heads.device, heads.dtype
+    hits1 = [0] * heads.num_heads
+    hits5 = [0] * heads.num_heads
+    totals = [0] * heads.num_heads
+    for start in range(0, len(examples.rows), batch_size):
+        rows = examples.rows[start:start + batch_size]
+        hidden = examples.hidden[rows].to(device, dtype)
+        for depth in range(1, heads.num_heads + 1):
+            target = examples.targets[start:start + batch_size, depth - 1]
+            valid = target >= 0
+            if not bool(valid.any()):
+                continue
+            prefix = _prefixes(examples, rows[valid], depth).to(device)
+            logits = heads.head_logits(depth, hidden[valid], prefix)
+            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.cpu()
+            match = top == target[valid, None]
+            hits1[depth - 1] += int(match[:, 0].sum())
+            hits5[depth - 1] += int(match.any(-1).sum())
+            totals[depth - 1] += int(valid.sum())
+    return [
+        HeadAccuracy(
+            depth=d + 1,
+            top1=hits1[d] / totals[d] if totals[d] else float("nan"),
+            top5=hits5[d] / totals[d] if totals[d] else float("nan"),
+            positions=totals[d],
+        )
+        for d in range(heads.num_heads)
+    ]
+
+
+def split_heldout(
+    trajectories: Sequence[Trajectory], *, fraction: float, seed: int
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(train, heldout): a seeded random ``fraction`` of whole trajectories is held out."""
+    if not 0 <= fraction < 1:
+        raise EntmtpError(f"heldout fraction must be in [0, 1), got {fraction}")
+    order = torch.randperm(len(trajectories), generator=torch.Generator().manual_seed(seed))
+    held = int(round(fraction * len(trajectories)))
+    if fraction > 0 and len(trajectories) > 1:
+        held = max(held, 1)
+    heldout = sorted(order[:held].tolist())
+    keep = sorted(order[held:].tolist())
+    return [trajectories[i] for i in keep], [trajectories[i] for i in heldout]
+
+
+def train_heads(
+    base: Any,
+    heads: DraftHeads,
+    *,
+    texts_or_prompts: Sequence[Any],
+    mode: str = "self-distill",
+    epochs: int = 3,
+    lr: float = 1e-3,
+    batch_size: int = 256,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    progress: Progress | None = None,
+    heldout_fraction: float = 0.1,
+    generation_batch_size: int = 16,
+    max_length: int = 512,
+    softmax_vocab: str = "seen",
+) -> TrainReport:
+    """Train ``heads`` in place on ``base`` (frozen) and report held-out accuracy per head.
+
+    mode "self-distill": ``texts_or_prompts`` are prompts (text, TaskPrompt-like or token ids)
+    whose greedy continuations are the targets; "text": the texts themselves, teacher-forced.
+    A seeded ``heldout_fraction`` of the trajectories is held out for the report.
+    """
+    if mode not in TRAIN_MODES:
+        raise EntmtpError(f"mode must be one of {', '.join(TRAIN_MODES)}, got {mode!r}")
+    started = time.perf_counter()
+    if mode == "self-distill":
+        trajectories = generate_trajectories(
+            base,
+            texts_or_prompts,
+            max_new_tokens=max_new_tokens,
+            batch_size=generation_batch_size,
+            progress=progress,
+        )
+    else:
+        trajectories = text_trajectories(
+            base, texts_or_prompts, max_length=max_length, progress=progress
+        )
+    generated = time.perf_counter()
+    train, heldout = split_heldout(trajectories, fraction=heldout_fraction, seed=seed)
+    losses = fit_heads(
+        heads,
+        train,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        softmax_vocab=softmax_vocab,
+        progress=progress,
+    )
+    trained = time.perf_counter()
+    vocab_ids, _ = _softmax_vocab(_examples(train, heads.num_heads), heads.vocab_size,
+                                  softmax_vocab)
+    accuracy = head_accuracy(heads, heldout) if heldout else []
+    return TrainReport(
+        head_type=heads.head_type,
+        num_heads=heads.num_heads,
+        mode=mode,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        train_trajectories=len(train),
+        train_positions=sum(len(t) for t in train),
+        heldout_trajectories=len(heldout),
+        heldout_positions=sum(len(t) for t in heldout),
+        softmax_vocab_size=heads.vocab_size if vocab_ids is None else int(len(vocab_ids)),
+        epoch_losses=losses,
+        heldout=accuracy,
+        generation_seconds=generated - started,
+        training_seconds=trained - generated,
+    )
