@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._errors import user_errors
+from ._live import quiet_transformers
 from ._model_setup import HEAD_TYPES
 from .app import app
 
@@ -113,6 +114,7 @@ def train(
     from entmtp.calibrate._model import load_base_model
     from entmtp.calibrate._train import train_heads
 
+    quiet_transformers()
     base = load_base_model(model)
     heads = new_heads(base.model, head_type=head_type, num_heads=num_heads,
                       num_layers=num_layers, seed=seed)

@@ -16,8 +16,6 @@ from entmtp.treesearch._profile import ProfileMeta, Trace
 from entmtp.treesearch._replay import ReplayResult
 from rich.console import Console
 
-from ._calibrate import progress_bar
-from ._export import resolve_bundle_path
 from ._model_setup import HEAD_TYPES, resolve_heads
 
 # Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
@@ -27,6 +25,8 @@ WARMUP_TOKENS = 4  # tokens of the unmeasured warm-up run of each method
 
 # -- loading ----------------------------------------------------------------------------------
 def read_bundle(source: Path) -> tuple[Path, Bundle]:
+    from ._export import resolve_bundle_path  # command modules import `app`: not at import time
+
     path = resolve_bundle_path(Path(source))
     return path, load_bundle(path)
 
@@ -36,9 +36,17 @@ def bundle_schedule(bundle: Bundle) -> Schedule:
     return Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
 
 
+def quiet_transformers() -> None:
+    """No transformers progress bars: the commands show their own, and errors stay one line."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_base(model: str | None):
     from entmtp.calibrate._model import load_base_model
 
+    quiet_transformers()
     return load_base_model(model)
 
 
@@ -207,6 +215,7 @@ def run_side_by_side(
     """Every method on every prompt, interleaved: prompt ``p`` runs the methods in an order
     rotated by ``p``, so drift in machine load spreads over all methods. Each method first
     decodes a few tokens unmeasured (warm-up: lazy initialisation, plan caches)."""
+    from ._calibrate import progress_bar
     runs = [MethodRuns(m) for m in methods]
     if not prompts:
         return runs

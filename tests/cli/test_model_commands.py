@@ -1,0 +1,283 @@
+"""validate, bench, decode and heads train through Typer's CliRunner on tiny random models.
+
+The main bundle is calibrated (``entmtp calibrate``) for a tiny Llama whose untied random lm_head
+gives varied greedy continuations and entropies, with zero-initialised Medusa heads (each head
+then ranks the true token by the base distribution: a mix of hits and misses), so that accept
+lengths vary and the calibrated schedule switches between trees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from entmtp.cli.app import app
+from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay, save_bundle
+from entmtp.treesearch._bundle import HeadsInfo
+from typer.testing import CliRunner
+
+runner = CliRunner()
+
+PROMPTS = [
+    "def add(a, b):",
+    "Once upon a time",
+    "The quick brown fox",
+    "x = [1, 2, 3]",
+    "Hello world",
+    "import numpy as np",
+    "Dear Sir or Madam,",
+    "SELECT * FROM t",
+]
+MAX_NEW_TOKENS = 24
+
+
+def _root_conftest():
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def invoke(args: list[str]):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    for needle in needles:
+        assert needle in lines[0], result.output
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run several times faster on one thread (and the CPU is shared)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def write_prompts(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                            for i, p in enumerate(prompts)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory) -> SimpleNamespace:
+    from entmtp.calibrate._heads import new_heads, save_heads
+
+    root = tmp_path_factory.mktemp("varied")
+    conftest = _root_conftest()
+    model = conftest.make_tiny_llama(0)
+    generator = torch.Generator().manual_seed(1000)
+    model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(model.lm_head.weight.shape, generator=generator) * 2.0)
+    model.config.tie_word_embeddings = False
+    model_dir = root / "model"
+    model.save_pretrained(model_dir)
+    conftest.make_char_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
+    heads = {}
+    for head_type in ("medusa", "hydra"):
+        heads[head_type] = root / head_type
+        save_heads(new_heads(model, head_type=head_type, num_heads=3), heads[head_type],
+                   dtype=None)
+    data = write_prompts(root / "prompts.jsonl", PROMPTS)
+    latency = LatencyModel.cpu_like().save(root / "latency.json")
+    run = root / "run"
+    result = invoke(["calibrate", "--model", model_dir, "--heads", heads["medusa"],
+                     "--data", data, "--split", "all", "--prompts", len(PROMPTS),
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--schedule-trials", 10,
+                     "--latency", latency, "--out", run])
+    assert result.exit_code == 0, result.output
+    return SimpleNamespace(root=root, model=model_dir, medusa=heads["medusa"],
+                           hydra=heads["hydra"], data=data, run=run)
+
+
+def model_args(varied, heads: Path | None = None) -> list:
+    return ["--model", varied.model, "--heads", heads or varied.medusa, "--data", varied.data,
+            "--split", "all"]
+
+
+def test_validate_is_lossless_and_replays_the_calibration_profile_exactly(varied, tmp_path):
+    out = tmp_path / "validate.json"
+    result = invoke(["validate", varied.run, *model_args(varied), "--prompts", len(PROMPTS),
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    bundle = load_bundle(varied.run / "bundle.json")
+    assert report["prompts"] == len(PROMPTS)
+    assert report["lossless"] is True and report["not_lossless_prompts"] == []
+    assert report["replay_step_agreement"] == 1.0 and report["mismatches"] == []
+    assert report["steps_compared"] == report["entmtp"]["steps"]
+    assert report["measured_mean_accept_length"] == report["replayed_mean_accept_length"]
+    assert report["predicted_mean_accept_length"] == bundle.predicted.mean_accept_length
+    assert report["predicted_tokens_per_second"] == bundle.predicted.tokens_per_second
+    assert report["measured_speedup"] == pytest.approx(
+        report["measured_tokens_per_second"] / report["autoregressive_tokens_per_second"])
+    assert sum(report["tree_usage"].values()) == report["entmtp"]["steps"]
+
+    # Independently: calibrate profiled the same prompts (its own batched greedy generation), so
+    # replaying the bundle on that profile gives the live steps, less the final one-token step
+    # the replay books at a trajectory's last position (the live decoder runs none there).
+    profile = Profile.load(varied.run / "profile.npz")
+    schedule = Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
+    replayed = replay(profile, schedule, bundle.latency)
+    final_steps = 0
+    for j, trace in enumerate(profile.traces):
+        mine = replayed.step_trace == j
+        last = replayed.step_position[mine][-1]
+        final_steps += int(last == trace.num_positions - 1)
+    assert report["entmtp"]["steps"] == replayed.steps - final_steps
+    assert report["entmtp"]["tokens"] == profile.num_positions
+    expected = (replayed.tokens - final_steps) / (replayed.steps - final_steps)
+    assert report["measured_mean_accept_length"] == pytest.approx(expected, rel=1e-12)
+    assert "lossless" in result.output and "replay check" in result.output
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_bench_has_every_row_with_consistent_ratios(varied, tmp_path):
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = invoke(["bench", "--bundle", varied.run, *model_args(varied), "--prompts", 4,
+                     "--max-new-tokens", 16, "--json", out, "--plot", plot])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert list(rows) == ["autoregressive", "medusa-mc_sim_7b_63", "best-static", "entmtp"]
+    baselines = ["autoregressive", "medusa-mc_sim_7b_63", "best-static"]
+    for name, row in rows.items():
+        assert row["lossless"] is True, name
+        assert row["tokens"] == rows["autoregressive"]["tokens"]
+        assert set(row["speedup"]) == set(baselines) - {name}
+        for base, value in row["speedup"].items():
+            assert value == pytest.approx(row["tokens_per_second"] /
+                                          rows[base]["tokens_per_second"])
+    assert rows["autoregressive"]["mean_accept_length"] == 1.0
+    # Medusa's default tree is 4 deep; the tiny heads draft 3, so it is cut to depth 3.
+    assert rows["medusa-mc_sim_7b_63"]["depth"] == 3
+    assert rows["medusa-mc_sim_7b_63"]["cut_to_depth"] == 3
+    oracle = report["oracle"]
+    assert oracle["measured"] is False
+    assert oracle["tokens_per_second"] >= oracle["entmtp_replayed_tokens_per_second"]
+    assert 0 < oracle["entmtp_fraction_of_oracle"] <= 1
+    width, height = _png_size(plot)
+    assert width > 200 and height > 200
+
+
+def test_decode_prints_the_greedy_text_and_stats(varied):
+    from entmtp.calibrate._model import load_base_model
+    from entmtp.runtime._decode import autoregressive_generate
+
+    prompt, max_new = "Hello there", 12
+    result = invoke(["decode", varied.run, "--prompt", prompt, "--max-new-tokens", max_new,
+                     "--model", varied.model, "--heads", varied.medusa])
+    assert result.exit_code == 0, result.output
+    base = load_base_model(varied.model)
+    greedy = autoregressive_generate(base.model, base.encode_prompt(prompt),
+                                     max_new_tokens=max_new,
+                                     eos_token_ids=sorted(base.eos_token_ids))
+    text = base.tokenizer.decode(greedy.tokens, skip_special_tokens=True)
+    assert text.strip() and text in result.output
+    assert "mean accept length" in result.output and "trees used" in result.output
+
+
+def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:4])
+    out = tmp_path / "heads"
+    result = invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                     "--data", data, "--split", "all", "--prompts", 4, "--num-heads", 2,
+                     "--epochs", 1, "--batch-size", 16, "--max-new-tokens", 8,
+                     "--heldout-fraction", 0.25, "--out", out])
+    assert result.exit_code == 0, result.output
+    heads = load_heads(out, load_base_model(tiny_model_dir).model)
+    assert heads.head_type == "hydra" and heads.num_heads == 2
+    training = json.loads((out / "config.json").read_text())["training"]
+    assert training["prompts"] == 4 and training["heldout_trajectories"] == 1
+    accuracy = training["heldout"]
+    assert [a["depth"] for a in accuracy] == [1, 2]
+    for acc in accuracy:
+        assert 0 <= acc["top1"] <= acc["top5"] <= 1
+        assert f"{acc['top1']:.3f}" in result.output and f"{acc['top5']:.3f}" in result.output
+
+
+def other_medusa_heads(model_dir: Path, folder: Path) -> Path:
+    """Medusa heads of the same shape as the bundle's but other (perturbed) weights."""
+    from entmtp.calibrate._heads import load_heads, save_heads
+    from entmtp.calibrate._model import load_base_model
+
+    heads = load_heads(folder.parent / "medusa", load_base_model(model_dir).model)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.01 * torch.randn(parameter.shape, generator=generator))
+    return save_heads(heads, folder, dtype=None)
+
+
+def test_a_bundle_for_other_heads_is_a_one_line_error(varied, tmp_path):
+    bundle = load_bundle(varied.run / "bundle.json")
+    perturbed = other_medusa_heads(varied.model, varied.root / "medusa-perturbed")
+    hydra_sha = json.loads((varied.hydra / "config.json").read_text())["sha256"]
+    hydra_bundle = save_bundle(
+        dataclasses.replace(bundle, heads=HeadsInfo("hydra", 3, 10, hydra_sha)),
+        tmp_path / "hydra.json")
+    args = ["--prompts", 1, "--max-new-tokens", 4]
+    # A bundle for the Hydra heads with the Medusa heads.
+    assert_one_line_error(invoke(["validate", hydra_bundle, *model_args(varied), *args]),
+                          "head type 'hydra'")
+    assert_one_line_error(invoke(["bench", "--bundle", hydra_bundle, *model_args(varied),
+                                  *args]), "hydra")
+    # The Medusa bundle with other Medusa weights of the same shape.
+    assert_one_line_error(invoke(["validate", varied.run,
+                                  *model_args(varied, heads=perturbed), *args]), "sha256")
+    assert_one_line_error(invoke(["decode", varied.run, "--prompt", "hi", "--model",
+                                  varied.model, "--heads", perturbed]), "sha256")
+
+
+def test_bad_input_is_a_one_line_error(varied, tmp_path):
+    missing = tmp_path / "nope.json"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    heads = model_args(varied)[:4]
+    cases = [
+        (["validate", missing, *heads], "does not exist"),
+        (["bench", "--bundle", missing, *heads], "does not exist"),
+        (["decode", missing, "--prompt", "hi", *heads], "does not exist"),
+        (["validate", tmp_path, *heads], "no bundle.json"),
+        (["validate", varied.run, *heads, "--task", "poetry"], "unknown task"),
+        (["bench", *heads, "--task", "poetry"], "unknown task"),
+        (["validate", varied.run, *heads, "--data", empty], "no prompts"),
+        (["bench", *heads, "--data", empty], "no prompts"),
+        (["validate", varied.run, *heads, "--data", varied.data, "--max-new-tokens", 0],
+         "--max-new-tokens"),
+        (["decode", varied.run, "--prompt", "  ", *heads], "--prompt"),
+        (["heads", "train", "--type", "eagle", "--out", tmp_path / "h"], "--type"),
+        (["heads", "train", "--type", "medusa", "--task", "poetry", "--out", tmp_path / "h"],
+         "unknown task"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error(invoke(args), needle)
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize("command", [["validate"], ["bench"], ["decode"], ["heads", "train"]])
+def test_help_gives_an_example(command):
+    result = invoke([*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example: entmtp " + " ".join(command) in result.output
