@@ -140,19 +140,20 @@ def _short(name: str) -> str:
 
 def _table(rows: Sequence[dict[str, Any]], oracle: dict[str, Any] | None, title: str) -> Table:
     baseline_names = [r["name"] for r in rows if r["name"] in BASELINES]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1))
     table.add_column("row", no_wrap=True)
     for name in ("tok/s", "accept", "lossless", *(f"vs {_short(b)}" for b in baseline_names)):
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
-        cells = [row["name"], f"{row['tokens_per_second']:.2f}",
-                 f"{row['mean_accept_length']:.3f}", "yes" if row["lossless"] else "NO"]
-        cells += [f"{row['speedup'][b]:.3f}x" if b in row["speedup"] else "-"
+        cells = [row["name"], f"{row['tokens_per_second']:.1f}",
+                 f"{row['mean_accept_length']:.2f}", "yes" if row["lossless"] else "NO"]
+        cells += [f"{row['speedup'][b]:.2f}x" if b in row["speedup"] else "-"
                   for b in baseline_names]
         table.add_row(*cells)
     if oracle is not None and "estimated_measured_tokens_per_second" in oracle:
-        table.add_row("oracle (est.)", f"{oracle['estimated_measured_tokens_per_second']:.2f}",
-                      f"{oracle['mean_accept_length']:.3f}", "-", *["-"] * len(baseline_names))
+        table.add_row("oracle (est.)", f"{oracle['estimated_measured_tokens_per_second']:.1f}",
+                      f"{oracle['mean_accept_length']:.2f}", "-", *["-"] * len(baseline_names))
     return table
 
 
@@ -254,7 +255,7 @@ def bench(
         "prompts": len(encoded),
         "max_new_tokens": max_new_tokens,
         "bundle": str(bundle_path) if bundle_path else None,
-        "tokens_per_second": "decode steps only (prefill excluded, as in the replay)",
+        "rate_definition": "tokens/s of the decoding steps (prefill excluded, as in the replay)",
         "rows": rows,
         "oracle": oracle,
     }

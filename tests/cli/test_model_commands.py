@@ -29,12 +29,10 @@ PROMPTS = [
     "Once upon a time",
     "The quick brown fox",
     "x = [1, 2, 3]",
-    "Hello world",
     "import numpy as np",
     "Dear Sir or Madam,",
-    "SELECT * FROM t",
 ]
-MAX_NEW_TOKENS = 24
+MAX_NEW_TOKENS = 20
 
 
 def _root_conftest():
@@ -96,7 +94,7 @@ def varied(tmp_path_factory) -> SimpleNamespace:
     run = root / "run"
     result = invoke(["calibrate", "--model", model_dir, "--heads", heads["medusa"],
                      "--data", data, "--split", "all", "--prompts", len(PROMPTS),
-                     "--max-new-tokens", MAX_NEW_TOKENS, "--schedule-trials", 10,
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--schedule-trials", 8,
                      "--latency", latency, "--out", run])
     assert result.exit_code == 0, result.output
     return SimpleNamespace(root=root, model=model_dir, medusa=heads["medusa"],
@@ -152,8 +150,8 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_bench_has_every_row_with_consistent_ratios(varied, tmp_path):
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
-    result = invoke(["bench", "--bundle", varied.run, *model_args(varied), "--prompts", 4,
-                     "--max-new-tokens", 16, "--json", out, "--plot", plot])
+    result = invoke(["bench", "--bundle", varied.run, *model_args(varied), "--prompts", 3,
+                     "--max-new-tokens", 12, "--json", out, "--plot", plot])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {row["name"]: row for row in report["rows"]}
@@ -281,3 +279,43 @@ def test_help_gives_an_example(command):
     result = invoke([*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Example: entmtp " + " ".join(command) in result.output
+
+
+def test_step_comparison_finds_every_disagreement():
+    from entmtp.cli._live import compare_steps
+    from entmtp.runtime._decode import StepLog
+    from entmtp.treesearch import Tree, synthetic_profile
+
+    profile = synthetic_profile(num_traces=3, positions=40, num_heads=3, seed=1)
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
+    replayed = replay(profile, tree, LatencyModel.cpu_like())
+
+    def live_from_replay(change: tuple[int, int] | None = None):
+        """Decode results that step exactly as the replay, less its final one-token steps;
+        ``change = (trace, step)`` adds one to that step's accept length."""
+        results = []
+        for j, trace in enumerate(profile.traces):
+            mine = replayed.step_trace == j
+            steps = list(zip(replayed.step_position[mine].tolist(),
+                             replayed.step_accept[mine].tolist(), strict=True))
+            if steps[-1] == (trace.num_positions - 1, 1):
+                steps.pop()
+            if change is not None and change[0] == j:
+                position, accept = steps[change[1]]
+                steps[change[1]] = (position, accept + 1)
+            log = [StepLog(p, float("nan"), 0, tree.num_nodes, tree.depth, a, 0.0, 0.0, 0.0)
+                   for p, a in steps]
+            results.append(SimpleNamespace(tokens=[0] * trace.num_positions, step_log=log))
+        return results
+
+    ids = [t.prompt_id for t in profile.traces]
+    same = compare_steps(live_from_replay(), replayed, ids)
+    assert same.agreement == 1.0 and same.mismatches == []
+    live_steps = sum(len(r.step_log) for r in live_from_replay())
+    assert same.steps_compared == same.replayed_steps == live_steps
+
+    changed = compare_steps(live_from_replay(change=(1, 2)), replayed, ids)
+    assert changed.agreement < 1.0
+    first = changed.mismatches[0]
+    assert first.prompt_id == ids[1] and first.live_accept == first.replayed_accept + 1
+    assert {m.prompt_id for m in changed.mismatches} == {ids[1]}
