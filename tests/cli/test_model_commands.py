@@ -319,3 +319,41 @@ def test_step_comparison_finds_every_disagreement():
     first = changed.mismatches[0]
     assert first.prompt_id == ids[1] and first.live_accept == first.replayed_accept + 1
     assert {m.prompt_id for m in changed.mismatches} == {ids[1]}
+
+
+@pytest.mark.integration
+def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
+    """The default SmolLM2 model (no --model) with fresh 4-head Medusa heads and a two-tree
+    entropy schedule written by hand for them."""
+    from entmtp.calibrate._heads import new_heads, save_heads
+    from entmtp.calibrate._model import load_base_model
+    from entmtp.treesearch import Bundle, EntropyEstimator, Tree
+    from entmtp.treesearch._bundle import CreatedBy, EntropyInfo, ModelInfo, Predicted, TreeStats
+
+    base = load_base_model()
+    heads = new_heads(base.model, head_type="medusa", num_heads=4)
+    heads_dir = save_heads(heads, tmp_path / "heads", dtype=None)
+    trees = [Tree.from_paths([[0]]), Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])]
+    bundle = Bundle(
+        model=ModelInfo(base.name, base.vocab_size, base.hidden_size),
+        heads=HeadsInfo("medusa", 4, 10, heads.sha256()),
+        task="chat",
+        entropy=EntropyInfo("base_entropy", "nats", EntropyEstimator.ema(0.5)),
+        thresholds=[1.0],
+        trees=trees,
+        tree_stats=[TreeStats(1.0, 1.0) for _ in trees],
+        predicted=Predicted(1.0, 1.0, 1.0, 1.0),
+        hardware={},
+        created_by=CreatedBy("test", "test"),
+        latency=LatencyModel.cpu_like(),
+    )
+    path = save_bundle(bundle, tmp_path / "bundle.json")
+    data = write_prompts(tmp_path / "prompts.jsonl", ["Name three colours.", "What is 2 + 3?"])
+    out = tmp_path / "validate.json"
+    result = invoke(["validate", path, "--heads", heads_dir, "--data", data, "--split", "all",
+                     "--prompts", 2, "--max-new-tokens", 16, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True
+    assert report["replay_step_agreement"] == 1.0, report["mismatches"]
+    assert report["measured_mean_accept_length"] == report["replayed_mean_accept_length"]
