@@ -157,6 +157,20 @@ def test_profile_matches_per_position_reference(head_type, topk):
         assert (profile.ranks() >= 0).any()
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_profile_with_the_real_draft_heads(head_type):
+    from entmtp.calibrate._heads import new_heads
+
+    base = tiny_base(1)
+    heads = new_heads(base.model, head_type=head_type, num_heads=2, shared_lm_head=False, seed=3)
+    profile = profile_prompts(base, heads, PROMPTS[:3], max_new_tokens=6, topk=30)
+    for prompt, trace in zip(PROMPTS, profile.traces, strict=False):
+        ids = base.encode_prompt(prompt.text)
+        _, entropy, ranks = reference_trace(base, heads, ids, max_new_tokens=6, topk=30)
+        np.testing.assert_allclose(trace.entropy, entropy, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(trace.ranks, ranks)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_batched_generation_equals_unbatched(seed):
     base = tiny_base(seed)
