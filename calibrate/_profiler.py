@@ -113,7 +113,9 @@ def profile_prompts(
     settings = _settings_key(base, meta)
     folder = Path(shard_dir) if shard_dir is not None else None
     eos = sorted(base.eos_token_ids)
-    pad = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else eos[0]
+    pad = base.tokenizer.pad_token_id
+    if pad is None:  # any real id will do: padded positions are masked out
+        pad = eos[0] if eos else 0
 
     traces: dict[int, Trace] = {}
     todo: list[tuple[TaskPrompt, list[int]]] = []

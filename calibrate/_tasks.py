@@ -266,8 +266,8 @@ def _sharegpt() -> dict[str, list[_Record]]:
     try:
         cached = json.loads(cache.read_text(encoding="utf-8"))
         return {name: [(pid, text, None) for pid, text in rows] for name, rows in cached.items()}
-    except (OSError, ValueError, AttributeError):
-        pass
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # absent or damaged: parse again
     extracted = _extract_sharegpt(path)
     try:
         atomic_write_json(cache, extracted, indent=None)
