@@ -179,10 +179,10 @@ def test_killed_in_the_search_stage_reuses_the_profile(calib, tmp_path):
     os.symlink(journal, lock)
     args = calib.args(run, "--storage", f"journal:{journal}")
     proc = start(args, log)
-    # The search stage creates the journal file when it opens the storage; its first write
-    # then waits for the lock, so the process is inside the search stage when killed.
-    kill_when(proc, journal.exists, log)
-    assert (run / "latency.json").is_file()
+    # Once the storage is opened (the journal file exists) and the latency stage is done, the
+    # search's first journal write waits for the lock: the process cannot get past it, so it is
+    # inside the search stage when killed.
+    kill_when(proc, lambda: journal.exists() and (run / "latency.json").exists(), log)
     assert not (run / "front.json").exists() and not (run / "bundle.json").exists()
     profile_stamp = stamp(run / "profile.npz")
     leftovers = temp_files(run)
@@ -194,6 +194,20 @@ def test_killed_in_the_search_stage_reuses_the_profile(calib, tmp_path):
     assert stamp(run / "profile.npz") == profile_stamp
     assert_same_run(run, calib.reference)
     assert temp_files(run) <= leftovers
+
+
+def test_sqlite_storage_gives_the_in_memory_bundle(calib, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "profile.npz").write_bytes((calib.reference / "profile.npz").read_bytes())
+    database = tmp_path / "studies.db"
+    invoke(calib.args(run, "--storage", f"sqlite:///{database}"))
+    assert_same_run(run, calib.reference)
+    import optuna
+
+    summaries = optuna.get_all_study_summaries(f"sqlite:///{database}")
+    schedule = [s for s in summaries if s.study_name.endswith("schedule")]
+    assert [s.n_trials for s in schedule] == [5], [(s.study_name, s.n_trials) for s in summaries]
 
 
 @pytest.mark.xfail(strict=True, reason="calibrate does not remove temp files that a killed "
