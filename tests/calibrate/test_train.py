@@ -1,0 +1,278 @@
+"""Head training: batched greedy trajectories against plain greedy decoding, targets and
+accuracy against brute force, learning a learnable map, the cache format, and train_heads."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from entmtp.calibrate._heads import new_heads
+from entmtp.calibrate._train import (
+    Trajectory,
+    _batch_vocab,
+    _examples,
+    _prefixes,
+    fit_heads,
+    generate_trajectories,
+    head_accuracy,
+    load_trajectories,
+    save_trajectories,
+    split_heldout,
+    text_trajectories,
+    train_heads,
+)
+from entmtp.treesearch._errors import EntmtpError
+
+
+def _root_conftest():
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_tiny_llama = _root_conftest().make_tiny_llama
+VOCAB = 128
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny tensors: a second thread only adds synchronisation cost on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def base():
+    # A larger init scale than the default keeps greedy decoding of a random model from
+    # collapsing into one repeated token, so the trajectories have some variety.
+    model = make_tiny_llama(seed=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(8.0)
+    return model
+
+
+def random_prompts(count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (count,), generator=generator)
+    return [torch.randint(3, VOCAB, (int(n),), generator=generator).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: set[int]):
+    """Reference: full forward without cache at each step."""
+    ids = list(prompt)
+    hiddens, tokens = [], []
+    for _ in range(max_new_tokens):
+        hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        token = int(model.lm_head(hidden).argmax())
+        hiddens.append(hidden)
+        tokens.append(token)
+        ids.append(token)
+        if token in eos:
+            break
+    return torch.stack(hiddens), torch.tensor(tokens)
+
+
+def random_trajectories(count: int, seed: int, hidden_size: int = 32) -> list[Trajectory]:
+    generator = torch.Generator().manual_seed(seed)
+    result = []
+    for index in range(count):
+        length = int(torch.randint(1, 12, (1,), generator=generator))
+        result.append(Trajectory(
+            hidden=torch.randn(length, hidden_size, generator=generator),
+            tokens=torch.randint(0, VOCAB, (length,), generator=generator),
+            source=f"s{index % 2}",
+        ))
+    return result
+
+
+def test_batched_generation_matches_plain_greedy(base):
+    prompts = random_prompts(5, seed=1)
+    batched = generate_trajectories(base, prompts, max_new_tokens=8, batch_size=3)
+    assert len(batched) == len(prompts)
+    for prompt, trajectory in zip(prompts, batched, strict=True):
+        hidden, tokens = plain_greedy(base, prompt, 8, set())
+        assert torch.equal(trajectory.tokens, tokens)
+        torch.testing.assert_close(trajectory.hidden, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_generation_stops_after_eos(base):
+    prompts = random_prompts(4, seed=2)
+    free = generate_trajectories(base, prompts, max_new_tokens=8, batch_size=4)
+    eos = int(free[0].tokens[2])  # make the third token of the first run an EOS token
+    base.config.eos_token_id = eos
+    try:
+        stopped = generate_trajectories(base, prompts, max_new_tokens=8, batch_size=4)
+    finally:
+        base.config.eos_token_id = 2
+    for full, cut in zip(free, stopped, strict=True):
+        hits = (full.tokens == eos).nonzero()
+        end = int(hits[0]) + 1 if len(hits) else len(full)
+        assert torch.equal(cut.tokens, full.tokens[:end])
+    assert len(stopped[0]) <= 3
+
+
+def test_text_trajectories_match_one_forward(base):
+    ids = torch.randint(3, VOCAB, (23,), generator=torch.Generator().manual_seed(4)).tolist()
+    whole = text_trajectories(base, [ids], max_length=64)
+    assert len(whole) == 1 and torch.equal(whole[0].tokens, torch.tensor(ids[1:]))
+    with torch.inference_mode():
+        hidden = base.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1]
+    torch.testing.assert_close(whole[0].hidden, hidden, atol=1e-5, rtol=1e-5)
+    windows = text_trajectories(base, [ids], max_length=8, batch_size=2)
+    # consecutive windows share one token, so every next-token pair appears exactly once
+    assert torch.equal(torch.cat([w.tokens for w in windows]), torch.tensor(ids[1:]))
+
+
+def test_examples_targets_and_prefixes_match_brute_force():
+    trajectories = random_trajectories(9, seed=5)
+    examples = _examples(trajectories, num_heads=3)
+    expected_rows, expected_targets, row = [], [], 0
+    for trajectory in trajectories:
+        for s in range(len(trajectory)):
+            targets = [int(trajectory.tokens[s + d]) if s + d < len(trajectory) else -1
+                       for d in (1, 2, 3)]
+            if targets[0] >= 0:
+                expected_rows.append(row)
+                expected_targets.append(targets)
+            row += 1
+    assert examples.rows.tolist() == expected_rows
+    assert examples.targets.tolist() == expected_targets
+    for depth in (1, 2, 3):
+        valid = examples.targets[:, depth - 1] >= 0
+        rows = examples.rows[valid]
+        prefixes = _prefixes(examples, rows, depth)
+        # the prefix and its target are consecutive tokens of one trajectory
+        assert torch.equal(prefixes[:, 0], examples.tokens[rows])
+        assert torch.equal(examples.tokens[rows + depth], examples.targets[valid, depth - 1])
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_head_accuracy_matches_brute_force(head_type):
+    model = make_tiny_llama(seed=6)
+    heads = new_heads(model, head_type=head_type, num_heads=3)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(torch.randn(parameter.shape) * 0.3)
+    trajectories = random_trajectories(7, seed=7)
+    got = head_accuracy(heads, trajectories, batch_size=5)
+    for depth in (1, 2, 3):
+        hits1 = hits5 = total = 0
+        for trajectory in trajectories:
+            for s in range(len(trajectory) - depth):
+                prefix = trajectory.tokens[s:s + depth][None]
+                logits = heads.head_logits(depth, trajectory.hidden[s:s + 1], prefix)[0]
+                target = int(trajectory.tokens[s + depth])
+                rank = int((logits > logits[target]).sum())
+                hits1 += rank == 0
+                hits5 += rank < 5
+                total += 1
+        accuracy = got[depth - 1]
+        assert accuracy.positions == total
+        assert accuracy.top1 == pytest.approx(hits1 / total)
+        assert accuracy.top5 == pytest.approx(hits5 / total)
+
+
+def cyclic_trajectories(model, count: int, length: int, period: int, seed: int):
+    """Token sequences that cycle with a fixed period; the hidden state is a fixed random vector
+    per current token, so every future token is a function of the hidden state."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randn(VOCAB, model.config.hidden_size, generator=generator)
+    cycle = torch.randperm(VOCAB, generator=generator)[:period]
+    result = []
+    for _ in range(count):
+        start = int(torch.randint(0, period, (1,), generator=generator))
+        tokens = cycle[(start + torch.arange(length)) % period]
+        result.append(Trajectory(hidden=codes[tokens], tokens=tokens))
+    return result
+
+
+@pytest.mark.parametrize(
+    ("head_type", "softmax_vocab"),
+    [("medusa", "batch"), ("hydra", "batch"), ("hydra", "seen"), ("medusa", "full")],
+)
+def test_fit_learns_a_learnable_map_and_leaves_base_untouched(head_type, softmax_vocab):
+    model = make_tiny_llama(seed=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    heads = new_heads(model, head_type=head_type, num_heads=3, shared_lm_head=False)
+    data = cyclic_trajectories(model, count=12, length=20, period=5, seed=9)
+    untrained = head_accuracy(heads, data)
+    losses = fit_heads(heads, data, epochs=25, lr=1e-2, batch_size=64, seed=0,
+                       softmax_vocab=softmax_vocab, frequent_tokens=2)
+    trained = head_accuracy(heads, data)
+    assert len(losses) == 25 and losses[-1] < losses[0]
+    for new, old in zip(trained, untrained, strict=True):
+        assert new.top1 > old.top1 and new.top1 > 0.9 and new.top5 >= new.top1
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not heads.training
+
+
+def test_batch_vocab_reindexes_targets():
+    frequent = torch.tensor([50, 7, 9])
+    targets = torch.tensor([[7, 120, -1], [3, 9, 120]])
+    vocab, reindexed = _batch_vocab(frequent, targets)
+    assert set(vocab.tolist()) == {3, 7, 9, 50, 120}
+    valid = targets >= 0
+    assert torch.equal(vocab[reindexed[valid]], targets[valid])
+    assert bool((reindexed[~valid] == -1).all())
+
+
+def test_fit_is_deterministic_for_a_seed():
+    model = make_tiny_llama(seed=10)
+    data = cyclic_trajectories(model, count=4, length=10, period=3, seed=11)
+    hashes = []
+    for _ in range(2):
+        heads = new_heads(model, head_type="hydra", num_heads=2, seed=0)
+        fit_heads(heads, data, epochs=2, lr=1e-2, batch_size=8, seed=5)
+        hashes.append(heads.sha256())
+    assert hashes[0] == hashes[1]
+
+
+def test_trajectories_round_trip(tmp_path):
+    trajectories = random_trajectories(6, seed=12)
+    save_trajectories(tmp_path / "t.safetensors", trajectories)
+    loaded = load_trajectories(tmp_path / "t.safetensors")
+    assert len(loaded) == len(trajectories)
+    for a, b in zip(trajectories, loaded, strict=True):
+        assert torch.equal(a.hidden, b.hidden) and torch.equal(a.tokens, b.tokens)
+        assert a.source == b.source
+    with pytest.raises(EntmtpError):
+        load_trajectories(tmp_path / "missing.safetensors")
+
+
+def test_split_heldout_is_a_seeded_partition():
+    trajectories = random_trajectories(20, seed=13)
+    train, held = split_heldout(trajectories, fraction=0.25, seed=3)
+    ids = {id(t) for t in train} | {id(t) for t in held}
+    assert len(held) == 5 and len(train) == 15 and len(ids) == 20
+    again, _ = split_heldout(trajectories, fraction=0.25, seed=3)
+    assert [id(t) for t in again] == [id(t) for t in train]
+
+
+def test_train_heads_end_to_end(base):
+    heads = new_heads(base, head_type="medusa", num_heads=2)
+    texts = random_prompts(10, seed=14)
+    progress = []
+    report = train_heads(
+        base, heads, texts_or_prompts=texts, mode="self-distill", epochs=2, batch_size=16,
+        max_new_tokens=6, heldout_fraction=0.2, progress=lambda *a: progress.append(a),
+    )
+    assert report.train_trajectories == 8 and report.heldout_trajectories == 2
+    assert len(report.epoch_losses) == 2 and [a.depth for a in report.heldout] == [1, 2]
+    assert {stage for stage, _, _ in progress} == {"generate", "train"}
+    assert "head 2" in report.table()
+    text_report = train_heads(base, heads, texts_or_prompts=texts, mode="text", epochs=1,
+                              batch_size=16)
+    assert text_report.mode == "text" and text_report.train_positions > 0
+    with pytest.raises(EntmtpError):
+        train_heads(base, heads, texts_or_prompts=texts, mode="rl")
+    with pytest.raises(EntmtpError, match="encode_prompt"):
+        train_heads(base, heads, texts_or_prompts=["some text"], epochs=1)
