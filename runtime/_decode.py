@@ -31,7 +31,13 @@ from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler
 from ._tree_attention import TreePlan, tree_plan
-from ._verify import check_tree_attention_support, forward_tokens, greedy_accept, tree_forward
+from ._verify import (
+    check_tree_attention_support,
+    forward_tokens,
+    greedy_accept,
+    probe_tree_attention,
+    tree_forward,
+)
 
 MODES = ("greedy", "typical", "rejection")
 
@@ -151,13 +157,17 @@ class SpeculativeDecoder:
     """Tree-attention speculative decoding of ``model`` with Medusa or Hydra ``heads``.
 
     ``topk`` is the number of candidates each head drafts (one int, or one per head); every tree
-    a scheduler picks must have its ranks below it.
+    a scheduler picks must have its ranks below it. ``probe=True`` also checks on a short input
+    that the model's tree-masked logits equal plain causal decoding (a few small forwards).
     """
 
     def __init__(
-        self, model: torch.nn.Module, heads: torch.nn.Module, *, topk: int | Sequence[int] = 10
+        self, model: torch.nn.Module, heads: torch.nn.Module, *, topk: int | Sequence[int] = 10,
+        probe: bool = False,
     ) -> None:
         check_tree_attention_support(model)
+        if probe:
+            probe_tree_attention(model)
         self.model = model
         self.heads = heads
         self.topk = topk

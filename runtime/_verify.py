@@ -36,9 +36,14 @@ def check_tree_attention_support(model: torch.nn.Module) -> None:
             f"custom 4D tree mask: load it with attn_implementation='sdpa' or 'eager'"
         )
     text_config = config.get_text_config(decoder=True)
-    layer_types = getattr(text_config, "layer_types", None) or ()
-    partial_attention = any(t != "full_attention" for t in layer_types)
-    if getattr(text_config, "sliding_window", None) or partial_attention:
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types:
+        partial_attention = any(t != "full_attention" for t in layer_types)
+    else:
+        partial_attention = bool(getattr(text_config, "sliding_window", None)) and getattr(
+            text_config, "use_sliding_window", True
+        ) is not False
+    if partial_attention:
         raise EntmtpError(
             f"{name} has sliding-window or non-full attention layers: tree decoding needs "
             "full attention in every layer"

@@ -118,3 +118,17 @@ def test_unsupported_models_get_a_clear_error(rt):
         check_tree_attention_support(model)
     with pytest.raises(EntmtpError, match="causal LM"):
         check_tree_attention_support(torch.nn.Linear(2, 2))
+
+
+def test_probe_catches_a_model_that_drops_the_tree_mask(rt):
+    from entmtp.calibrate._heads import new_heads
+    from entmtp.runtime._decode import SpeculativeDecoder
+
+    model = rt.sharp_llama(0)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    SpeculativeDecoder(model, heads, topk=4, probe=True)  # an honest model passes
+    decoder = model.get_decoder()
+    plain_forward = decoder.forward
+    decoder.forward = lambda **kwargs: plain_forward(**{**kwargs, "attention_mask": None})
+    with pytest.raises(EntmtpError, match="tree attention mask"):
+        SpeculativeDecoder(model, heads, topk=4, probe=True)
