@@ -96,6 +96,23 @@ class BaseModel:
             return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
         return list(self.tokenizer(text)["input_ids"])
 
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model was trained for (``max_position_embeddings``), if it says."""
+        value = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def check_fits_context(self, prompt_id: str, num_prompt_tokens: int,
+                           max_new_tokens: int) -> None:
+        """Raise ``EntmtpError`` when prompt + new tokens exceed the model's context."""
+        context = self.context_length
+        if context is not None and num_prompt_tokens + max_new_tokens > context:
+            raise EntmtpError(
+                f"prompt {prompt_id} has {num_prompt_tokens} tokens; with --max-new-tokens "
+                f"{max_new_tokens} that exceeds the model's context of {context}: shorten the "
+                "prompt or lower --max-new-tokens"
+            )
+
     def encode_task_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a ``TaskPrompt`` (its instruct wording for instruct models).
 

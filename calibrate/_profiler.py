@@ -123,6 +123,7 @@ def profile_prompts(
         ids = base.encode_task_prompt(prompt)
         if not ids:
             raise EntmtpError(f"prompt {prompt.prompt_id} encodes to no tokens: drop it")
+        base.check_fits_context(prompt.prompt_id, len(ids), max_new_tokens)
         stored = _read_trace(folder, prompt, ids, settings) if folder is not None else None
         if stored is not None:
             traces[prompt.index] = stored

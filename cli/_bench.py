@@ -208,7 +208,7 @@ def bench(
     else:
         types = [head_type] if head_type else list(HEAD_TYPES)
         head_sets = [load_heads_for(base, None, t, model) for t in types]
-    encoded = encode_prompts(base, task_prompts)
+    encoded = encode_prompts(base, task_prompts, max_new_tokens)
 
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler

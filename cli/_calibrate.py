@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings, merge_profiles
+from entmtp.treesearch._storage import open_storage
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -36,27 +37,25 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
-def resolve_shard(num_shards: int | None, shard_index: int | None) -> tuple[int, int]:
-    """Explicit options win; else torchrun's WORLD_SIZE / RANK; else one shard."""
-    if num_shards is None and shard_index is None:
-        world = os.environ.get("WORLD_SIZE")
-        rank = os.environ.get("RANK")
-        if world is not None and rank is not None:
-            num_shards, shard_index = int(world), int(rank)
-        else:
-            return 1, 0
-    if num_shards is None or shard_index is None:
-        raise EntmtpError("give both --num-shards and --shard-index (or neither)")
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise EntmtpError(
-            f"--shard-index {shard_index} must be in 0..{num_shards - 1} for --num-shards "
-            f"{num_shards}"
-        )
-    return num_shards, shard_index
-
-
 def shard_profile_path(run: RunDir, num_shards: int, shard_index: int) -> Path:
     return run.root / f"profile-shard{shard_index}-of-{num_shards}.npz"
+
+
+def remove_stale_temp_files(run: RunDir, num_shards: int, shard_index: int) -> None:
+    """Delete temp files that a killed atomic write of this shard's run left behind.
+
+    Only this shard's own targets: another shard may be writing its files right now.
+    """
+    if num_shards == 1:
+        targets = [run.profile, run.latency, run.front, run.acceptance, run.bundle, run.report]
+    else:
+        targets = [shard_profile_path(run, num_shards, shard_index)]
+    patterns = [f".{target.name}.*.tmp" for target in targets]
+    folders = [(run.root, pattern) for pattern in patterns]
+    folders.append((run.shards / f"{shard_index}-of-{num_shards}", ".prompt-*.npz.*.tmp"))
+    for folder, pattern in folders:
+        for stale in folder.glob(pattern):
+            stale.unlink(missing_ok=True)
 
 
 def profile_stage(
@@ -171,7 +170,12 @@ def calibrate(
         raise EntmtpError(f"cannot create run folder {run.root}: {err.strerror}") from err
     if not os.access(run.root, os.W_OK):
         raise EntmtpError(f"run folder {run.root} is not writable: choose another --out")
+    from entmtp.calibrate._profiler import resolve_shard
+
     shards, index = resolve_shard(num_shards, shard_index)
+    if storage is not None:
+        open_storage(storage)  # fail now, not after the profile has been computed
+    remove_stale_temp_files(run, shards, index)
     loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type))
     profile = profile_stage(
         run, task=task, loader=loader, data=data, split=split,

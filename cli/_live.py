@@ -107,13 +107,14 @@ def load_task_prompts(*, task: str, data: str | None, split: str, num_prompts: i
     return load_prompts(task, data=data, split=split, num_prompts=num_prompts, seed=seed)
 
 
-def encode_prompts(base, prompts: Sequence[Any]) -> list[EncodedPrompt]:
+def encode_prompts(base, prompts: Sequence[Any], max_new_tokens: int) -> list[EncodedPrompt]:
     """Token ids of each TaskPrompt, as the profiler encodes them."""
     encoded = []
     for prompt in prompts:
         ids = base.encode_task_prompt(prompt)
         if not ids:
             raise EntmtpError(f"prompt {prompt.prompt_id} encodes to no tokens: drop it")
+        base.check_fits_context(prompt.prompt_id, len(ids), max_new_tokens)
         encoded.append(EncodedPrompt(prompt.index, prompt.prompt_id, list(ids)))
     return encoded
 

@@ -121,7 +121,7 @@ def validate(
     base = load_base(model)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
     check_bundle_fits(bundle, base, draft_heads)
-    encoded = encode_prompts(base, task_prompts)
+    encoded = encode_prompts(base, task_prompts, max_new_tokens)
 
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler

@@ -290,8 +290,6 @@ def test_calibrate_run_folder_under_a_regular_file_is_one_line_error(inputs, tmp
     assert_user_error(calibrate_args(inputs, blocker / "sub", "--data", str(data)), tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="cli/_calibrate.py resolve_shard calls int() on "
-                   "WORLD_SIZE / RANK without catching ValueError: a traceback, exit code 1")
 def test_calibrate_non_integer_torchrun_environment_is_one_line_error(inputs, tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", GOOD_PROMPTS)
     assert_user_error(calibrate_args(inputs, tmp_path / "run", "--data", str(data)), tmp_path,
@@ -323,8 +321,6 @@ def test_calibrate_bad_storage_is_one_line_error(tmp_path, storage):
                        "--storage", storage], tmp_path, mentions=("optuna",))
 
 
-@pytest.mark.xfail(strict=True, reason="calibrate opens --storage only in the search stage, "
-                   "after profiling (and here: after failing to load the model)")
 def test_calibrate_checks_storage_before_loading_anything(inputs, tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", GOOD_PROMPTS)
     args = calibrate_args(inputs, tmp_path / "run", "--data", str(data), "--storage",
@@ -346,9 +342,6 @@ def test_calibrate_bad_latency_file_is_one_line_error(tmp_path, content):
                        "--schedule-trials", "2"], tmp_path, mentions=("latency",))
 
 
-@pytest.mark.xfail(strict=True, reason="the profiler does not check prompt + new tokens against "
-                   "the model's max_position_embeddings: a 2000-token prompt on a 512-position "
-                   "model is profiled silently (exit 0)")
 def test_calibrate_prompt_longer_than_the_context_is_one_line_error(inputs, tmp_path):
     from transformers import AutoConfig
 

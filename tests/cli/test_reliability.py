@@ -210,8 +210,6 @@ def test_sqlite_storage_gives_the_in_memory_bundle(calib, tmp_path):
     assert [s.n_trials for s in schedule] == [5], [(s.study_name, s.n_trials) for s in summaries]
 
 
-@pytest.mark.xfail(strict=True, reason="calibrate does not remove temp files that a killed "
-                   "atomic write left behind (see report: RunDir stale temp cleanup)")
 def test_rerun_removes_temp_files_a_killed_write_left(calib, tmp_path):
     run = tmp_path / "run"
     shards = run / "shards" / "0-of-1"
