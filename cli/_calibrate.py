@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,21 +87,20 @@ def profile_stage(
     target = run.profile if num_shards == 1 else shard_profile_path(run, num_shards, shard_index)
     if not target.exists():
         base, draft_heads = loader()
+        started = time.perf_counter()
         with progress_bar(console) as bar:
             job = bar.add_task(f"profiling {task} (shard {shard_index + 1}/{num_shards})",
                                total=len(mine), rate="")
 
-            def report(done_tokens: int, done_prompts: int, tokens_per_second: float = 0.0):
-                bar.update(job, completed=done_prompts, rate=f"{tokens_per_second:.1f} tok/s")
+            def report(done_tokens: int, done_prompts: int) -> None:
+                rate = done_tokens / max(time.perf_counter() - started, 1e-9)
+                bar.update(job, completed=done_prompts, rate=f"{rate:.1f} tok/s")
 
             profile = profile_prompts(
                 base, draft_heads, mine, max_new_tokens=max_new_tokens, topk=topk,
                 batch_size=batch_size, shard_dir=run.shards / f"{shard_index}-of-{num_shards}",
-                progress=report,
+                progress=report, task=task, split=split, seed=seed,
             )
-        profile.meta.task = task
-        profile.meta.split = split
-        profile.meta.seed = seed
         profile.save(target)
     if num_shards == 1:
         return Profile.load(run.profile)
