@@ -258,13 +258,16 @@ class SpeculativeDecoder:
         seed: int = 0,
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
+        on_step: Callable[[StepLog | None, list[int]], None] | None = None,
     ) -> DecodeResult:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (stopping after an EOS).
 
         ``mode``: ``greedy`` (lossless: the output equals greedy decoding), ``typical`` (Medusa's
         typical acceptance with ``posterior_threshold`` / ``posterior_alpha``) or ``rejection``
         (lossless sampling at ``temperature``). Sampling modes need ``temperature > 0`` and draw
-        from a generator seeded with ``seed``.
+        from a generator seeded with ``seed``. ``on_step(step_log, new_tokens)``, if given, is
+        called with ``(None, [first token])`` after the prefill and then after every step with
+        the tokens that step emitted (for streaming).
         """
         if mode not in MODES:
             raise EntmtpError(f"decoding mode {mode!r} is unknown: use one of {', '.join(MODES)}")
@@ -296,11 +299,14 @@ class SpeculativeDecoder:
         scheduler.reset()
         scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
         prefill_ms = clock.now() - start
+        if on_step is not None:
+            on_step(None, list(tokens))
 
         log: list[StepLog] = []
         decode_start = clock.now()
         while len(tokens) < max_new_tokens and tokens[-1] not in eos:
             t0 = clock.now()
+            emitted_before = len(tokens)
             choice = scheduler.choose()
             plan = tree_plan(choice.tree, self.topk, self.device)
             t1 = clock.now()
@@ -327,6 +333,8 @@ class SpeculativeDecoder:
                 verify_ms=outcome.verify_ms,
                 bookkeeping_ms=(t1 - t0) + outcome.accept_ms + (t3 - t2),
             ))
+            if on_step is not None:
+                on_step(log[-1], tokens[emitted_before:])
         decode_ms = clock.now() - decode_start
         return DecodeResult(
             tokens=tokens,

@@ -193,3 +193,18 @@ def test_bad_arguments_raise_entmtp_errors(rt, setup):
     other = rt.make_tiny_llama(0, vocab_size=64)
     with pytest.raises(EntmtpError, match="vocab"):
         SpeculativeDecoder(other, heads)
+
+
+def test_on_step_streams_every_emitted_token_once(rt, setup):
+    model, references = setup
+    prompt = torch.tensor(PROMPTS[0])
+    reference = references[tuple(PROMPTS[0])]
+    ranks = np.zeros((len(reference), NUM_HEADS), dtype=np.int64)
+    heads = rt.OracleHeads(model, prompt, reference, ranks, head_type="medusa", topk=TOPK)
+    calls = []
+    result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+        prompt, StaticScheduler(Tree.from_paths([[0], [0, 0]])), max_new_tokens=17,
+        on_step=lambda step, new: calls.append((step, list(new))),
+    )
+    assert calls[0][0] is None and [s for s, _ in calls[1:]] == result.step_log
+    assert [t for _, new in calls for t in new] == result.tokens == reference[:17]
