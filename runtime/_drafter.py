@@ -44,8 +44,10 @@ class TreeDrafter:
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
     ) -> torch.Tensor:
         heads = self.heads
-        if plan.depth == heads.num_heads and hasattr(heads, "all_head_logits"):
-            logits = heads.all_head_logits(hidden)[:, 0]  # [depth, V]
+        if hasattr(heads, "all_head_logits"):
+            # One projection for every head: on memory-bound hardware the vocabulary matrix is
+            # read once, so the heads below the tree's depth cost next to nothing.
+            logits = heads.all_head_logits(hidden)[: plan.depth, 0]  # [depth, V]
         else:
             logits = torch.cat(
                 [heads.head_logits(d, hidden, None) for d in range(1, plan.depth + 1)]
