@@ -8,6 +8,7 @@ node's path prefix, so they run level by level, batched over the level's distinc
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan
@@ -43,15 +44,7 @@ class TreeDrafter:
     def _draft_medusa(
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
     ) -> torch.Tensor:
-        heads = self.heads
-        if hasattr(heads, "all_head_logits"):
-            # One projection for every head: on memory-bound hardware the vocabulary matrix is
-            # read once, so the heads below the tree's depth cost next to nothing.
-            logits = heads.all_head_logits(hidden)[: plan.depth, 0]  # [depth, V]
-        else:
-            logits = torch.cat(
-                [heads.head_logits(d, hidden, None) for d in range(1, plan.depth + 1)]
-            )
+        logits = medusa_logits(self.heads, hidden, plan.depth)  # [depth, V]
         top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk]
         # Same as Medusa's [root, head1 top-k, ...][tree_indices], also for per-head top-k.
         nodes = top[plan.node_head, plan.node_rank]
@@ -70,3 +63,19 @@ class TreeDrafter:
             top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk]
             tokens[nodes] = top[plan.parent_slot[depth - 1], plan.ranks[nodes]]
         return tokens
+
+
+def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+    """Logits [depth, V] of heads 1..depth at ``hidden`` [1, hidden_size].
+
+    With a shared vocabulary projection (calibrate's heads expose ``head_features`` and
+    ``projection_weight``) all heads go through one 2-D matmul, so the large vocabulary matrix
+    is read once per step; otherwise ``all_head_logits`` or one ``head_logits`` call per head.
+    """
+    if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
+        features = torch.cat([heads.head_features(d, hidden, None) for d in range(1, depth + 1)])
+        weight, bias = heads.projection_weight(1)
+        return F.linear(features.to(weight.dtype), weight, bias)
+    if hasattr(heads, "all_head_logits"):
+        return heads.all_head_logits(hidden)[:depth, 0]
+    return torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)])
