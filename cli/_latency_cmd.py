@@ -351,9 +351,10 @@ def latency(
         )
     measured.save(out)
     hw = measured.hardware
+    largest = measured.nodes[-1]
     console.print(f"{hw['device_name']} ({hw['dtype']}), {hw['model']}: "
                   f"{measured.step_ms(0, 0):.2f} ms with no tree, "
-                  f"{measured.step_ms(63, 0):.2f} ms at 63 nodes; "
+                  f"{measured.step_ms(largest, 0):.2f} ms at {largest} nodes; "
                   f"autoregressive {measured.autoregressive_ms:.2f} ms")
     console.print(f"wrote {out}")
     if plot is not None:
