@@ -10,7 +10,7 @@
 #   back on any machine: bench/gpu_latency.sh retarget LATENCY_JSON [RUN_DIR ...]
 #                        (default: every runs/*/ folder with a front.json)
 #
-# measure takes about a minute of GPU time after start-up (each `timeout` below caps one model).
+# Sized for a short GPU lease (not yet run on one): each `timeout` below caps one model at 4 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
