@@ -37,6 +37,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp creates 0600; give the file the permissions a plain open() would have.
+        os.chmod(tmp_name, 0o666 & ~_current_umask())
         os.replace(tmp_name, target)
     except BaseException:
         try:
@@ -45,6 +47,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             pass
         raise
     return target
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
