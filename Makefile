@@ -28,7 +28,9 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) bench/bench_replay.py
+	$(PY) bench/bench_runtime.py --threads 1
+	$(PY) bench/bench_profiler.py --threads 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info
