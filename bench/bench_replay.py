@@ -60,8 +60,9 @@ def main() -> None:
     ]
     result = replay(profile, schedule, latency)
     print(
-        f"profile: {len(profile.traces)} traces, {profile.num_positions} positions; "
-        f"schedule: {result.steps} steps, {result.tokens_per_second:.2f} tokens/s modelled"
+        f"profile: {len(profile.traces)} traces, {profile.num_positions} positions "
+        f"({result.tokens} decode tokens); schedule: {result.steps} steps, mean accept length "
+        f"{result.mean_accept_length:.3f}, {result.tokens_per_second:.2f} tokens/s modelled"
     )
     for name, call in rows:
         ms = best_ms(call, args.repeat)

@@ -1,11 +1,13 @@
 """Exact offline replay of greedy tree decoding over a profile's trajectories.
 
-A step at position ``i`` of a trajectory of ``G`` positions uses the tree its schedule picks
-from the entropy estimate at ``i``, accepts ``a = accept_lengths(tree, ranks)[i]`` tokens and
-the next step is at ``i + a``; the trajectory is finished once ``i >= G`` (an accept that would
-run past the end is cut to the positions left, which a well-formed profile never needs since
-its ranks are -1 past the end). Every schedule generates the same ``G`` tokens per trajectory,
-so the fastest schedule is the one with the least total step time.
+The replay books the steps the live decoder runs. Of a trajectory of ``G`` generated tokens,
+token 0 comes from the prefill; a step at position ``i`` (its pending token is token ``i``)
+uses the tree its schedule picks from the entropy estimate over entropies ``0 .. i``, emits
+tokens ``i + 1 .. i + a`` with ``a = min(accept_lengths(tree, ranks)[i], G - 1 - i)`` and the
+next step is at ``i + a``. Steps run while ``i < G - 1``, so a trajectory has ``G - 1`` decode
+tokens (none when ``G = 1``), every schedule decodes the same tokens, and the fastest schedule
+is the one with the least total step time. Rates are decode tokens over step time (the
+prefill's token and time are excluded, as in the runtime's ``decode_tokens_per_second``).
 
 ``Replayer`` precomputes each tree's accept length at every position once, so replaying one
 more schedule costs a gather plus a Python jump loop over the steps.
@@ -34,10 +36,10 @@ class TraceReplay:
 
     prompt_index: int
     prompt_id: str
-    tokens: int
+    tokens: int  # decode tokens: the trajectory's length less the prefill's token
     steps: int
     time_ms: float
-    autoregressive_ms: float
+    autoregressive_ms: float  # the same tokens decoded one per plain step
 
     @property
     def tokens_per_second(self) -> float:
@@ -56,7 +58,7 @@ class TraceReplay:
 class ReplayResult:
     """Totals over every trajectory plus one record per step (steps in trajectory order)."""
 
-    tokens: int
+    tokens: int  # decode tokens: every trajectory's length less its prefill token
     steps: int
     time_ms: float  # sum of the modelled step times (correctly rounded sum)
     autoregressive_ms: float  # the same tokens decoded one per plain step
@@ -65,7 +67,7 @@ class ReplayResult:
     step_trace: np.ndarray  # [steps] int64: index into profile.traces
     step_position: np.ndarray  # [steps] int64: position inside its trajectory
     step_tree: np.ndarray  # [steps] int64: index of the tree used
-    step_accept: np.ndarray  # [steps] int64: tokens accepted (>= 1)
+    step_accept: np.ndarray  # [steps] int64: tokens the step emits (>= 1, cut at the end)
     step_estimate: np.ndarray  # [steps] float64: entropy estimate that chose the tree (nan: oracle)
 
     @property
@@ -122,13 +124,16 @@ class Replayer:
         self.num_positions = int(lengths.sum())
         if self.num_positions == 0:
             raise EntmtpError("the profile has no positions to replay: profile some prompts first")
+        self.trace_tokens = np.maximum(lengths - 1, 0)  # [traces] decode tokens per trajectory
+        self.num_tokens = int(self.trace_tokens.sum())
         self.profile = profile
         self.latency = latency
         self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self.ends = self.starts + lengths
         self.entropy = profile.entropy()
         positions = np.arange(self.num_positions, dtype=np.int64)
-        left = np.repeat(self.ends, lengths) - positions  # positions left in the trajectory
+        # Tokens after each position: a step there emits at most these.
+        left = np.repeat(self.ends, lengths) - 1 - positions
         ranks = profile.ranks()
         distinct: dict[Tree, np.ndarray] = {}
         rows = []
@@ -169,8 +174,8 @@ class Replayer:
         steps: list[int] = []
         record = steps.append
         for start, end in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
-            i = start
-            while i < end:
+            i, last = start, end - 1
+            while i < last:
                 record(i)
                 i += jump[i]
         return np.asarray(steps, dtype=np.int64)
@@ -201,20 +206,20 @@ class Replayer:
     def oracle(self) -> ReplayResult:
         """Best tree of the set per step in hindsight: exact DP from each trajectory's end.
 
-        ``time[i] = min_T step_ms(T) + time[i + a_T(i)]`` with ``time[G] = 0``; ties go to the
-        lowest tree index.
+        ``time[i] = min_T step_ms(T) + time[i + a_T(i)]`` with ``time[G - 1] = 0`` (accept
+        lengths already cut to ``G - 1 - i``); ties go to the lowest tree index.
         """
         num_trees = len(self.trees)
         choice = np.zeros(self.num_positions, dtype=np.int64)
         ms = list(self.tree_ms)
         for start, end in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
             length = end - start
-            if length == 0:
+            if length < 2:
                 continue
             jumps = self.accept[:, start:end].tolist()
-            best_time = [0.0] * (length + 1)
+            best_time = [0.0] * length
             best_tree = [0] * length
-            for i in range(length - 1, -1, -1):
+            for i in range(length - 2, -1, -1):
                 best, pick = math.inf, 0
                 for k in range(num_trees):
                     candidate = ms[k] + best_time[i + jumps[k][i]]
@@ -237,14 +242,15 @@ class Replayer:
         trace_steps = np.bincount(step_trace, minlength=num_traces)
         trace_ms = np.bincount(step_trace, weights=step_ms, minlength=num_traces)
         ar_ms = self.latency.autoregressive_ms
+        trace_tokens = self.trace_tokens.tolist()
         traces = tuple(
             TraceReplay(
                 prompt_index=trace.prompt_index,
                 prompt_id=trace.prompt_id,
-                tokens=trace.num_positions,
+                tokens=trace_tokens[j],
                 steps=int(trace_steps[j]),
                 time_ms=float(trace_ms[j]),
-                autoregressive_ms=trace.num_positions * ar_ms,
+                autoregressive_ms=trace_tokens[j] * ar_ms,
             )
             for j, trace in enumerate(self.profile.traces)
         )
@@ -252,10 +258,10 @@ class Replayer:
             np.full(len(steps), np.nan) if estimates is None else estimates[steps].copy()
         )
         return ReplayResult(
-            tokens=self.num_positions,
+            tokens=self.num_tokens,
             steps=len(steps),
             time_ms=math.fsum(step_ms.tolist()),
-            autoregressive_ms=self.num_positions * ar_ms,
+            autoregressive_ms=self.num_tokens * ar_ms,
             tree_ms=self.tree_ms,
             traces=traces,
             step_trace=step_trace,

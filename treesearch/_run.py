@@ -103,6 +103,9 @@ def search(
     """Run the whole offline search on ``profile`` (the calibration split)."""
     if profile.num_positions == 0:
         raise EntmtpError("the profile has no positions: profile more prompts or longer outputs")
+    if all(t.num_positions < 2 for t in profile.traces):
+        raise EntmtpError("every profiled output is a single token, so there is no decoding "
+                          "step to replay: profile longer outputs (--max-new-tokens >= 2)")
     entropy = profile.entropy()
     ranks = profile.ranks()
     topk = profile.meta.topk
@@ -272,7 +275,9 @@ def report_markdown(
     rows += [("oracle schedule (hindsight bound)", result.oracle)]
     lines += ["", "## Replayed on the calibration traces", "",
               f"Latency model: {latency.hardware or 'unspecified hardware'}; autoregressive "
-              f"{latency.autoregressive_ms:.2f} ms/token ({ar_tps:.2f} tokens/s).", "",
+              f"{latency.autoregressive_ms:.2f} ms/token ({ar_tps:.2f} tokens/s). The steps are "
+              "the live decoder's: tokens/s and mean accept length count the decode tokens (each "
+              "output less the prefill's first token) over step time and steps.", "",
               "| schedule | mean accept length | tokens/s | speedup vs AR | vs best static |",
               "|---|---:|---:|---:|---:|"]
     static_tps = result.best_static.tokens_per_second

@@ -13,7 +13,8 @@ exact replayed time. Start with the best static tree in every bucket; for each b
 every candidate and keep it if the whole profile replays strictly faster; sweep until a sweep
 changes nothing. Replay is exact and cheap, and every trial starts from the best static tree
 and only keeps improvements, so no trial scores below it. The trial's value is replayed
-tokens/s on the given profile (tokens are fixed, so this is minimal total time).
+tokens/s on the given profile: decode tokens (each trajectory's length less its prefill token,
+the same for every schedule) over total step time, so it is maximal at minimal total time.
 
 The final schedule is the best trial's, with adjacent buckets that share a tree merged, and it
 is replayed once more in full; if it is not strictly faster than the best static tree, the
@@ -113,7 +114,7 @@ class _Objective:
         self.replayer = replayer
         self.start = start
         self.max_buckets = max_buckets
-        self.tokens = replayer.num_positions
+        self.tokens = replayer.num_tokens  # decode tokens: the same for every schedule
         self.static_ms = replayer.time_ms(np.full(replayer.num_positions, start, dtype=np.int64))
         self._times: dict[tuple, float] = {}
 
@@ -137,7 +138,7 @@ class _Objective:
         trial.set_user_attr("estimator", estimator.to_json())
         trial.set_user_attr("thresholds", list(thresholds))
         trial.set_user_attr("bucket_trees", bucket_trees)
-        return 1000.0 * self.tokens / time_ms
+        return 1000.0 * self.tokens / time_ms if time_ms > 0 else 0.0
 
     def assign_trees(
         self, estimator: EntropyEstimator, thresholds: tuple[float, ...]

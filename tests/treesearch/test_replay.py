@@ -83,19 +83,27 @@ def hand_accept(tree: Tree, ranks_row: np.ndarray) -> int:
 
 
 def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel):
-    """Walk each trace step by step: estimate, bucket, path membership, advance."""
+    """Walk each trace as the live decoder does: token 0 comes from the prefill; a step at
+    position i (estimate over entropies 0..i, bucket, path membership) emits tokens
+    i+1 .. i+a, cut at the trace's last token G-1, and steps run while i < G-1."""
     steps = []
     for j, trace in enumerate(profile.traces):
         entropy = [float(h) for h in trace.entropy]
+        last = trace.num_positions - 1
         i = 0
-        while i < trace.num_positions:
+        while i < last:
             estimate = hand_estimate(schedule.estimator, entropy[: i + 1])
             k = sum(1 for t in schedule.thresholds if t <= estimate)
             tree = schedule.trees[k]
-            accepted = min(hand_accept(tree, trace.ranks[i]), trace.num_positions - i)
+            accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
             steps.append((j, i, k, accepted, latency.tree_ms(tree)))
             i += accepted
     return steps
+
+
+def decode_tokens(profile: Profile) -> int:
+    """Tokens the decoding steps produce: every trace less its prefill token."""
+    return sum(max(trace.num_positions - 1, 0) for trace in profile.traces)
 
 
 def check_against_reference(profile, schedule, latency):
@@ -107,9 +115,9 @@ def check_against_reference(profile, schedule, latency):
     assert result.step_tree.tolist() == [s[2] for s in steps]
     assert result.step_accept.tolist() == [s[3] for s in steps]
     assert result.time_ms == pytest.approx(sum(s[4] for s in steps), rel=1e-12)
-    assert result.tokens == profile.num_positions == sum(s[3] for s in steps)
+    assert result.tokens == decode_tokens(profile) == sum(s[3] for s in steps)
     assert result.autoregressive_ms == pytest.approx(
-        profile.num_positions * latency.autoregressive_ms, rel=1e-12
+        decode_tokens(profile) * latency.autoregressive_ms, rel=1e-12
     )
     assert result.tokens_per_second == pytest.approx(1000 * result.tokens / result.time_ms)
     assert result.speedup_vs_autoregressive == pytest.approx(
@@ -118,7 +126,8 @@ def check_against_reference(profile, schedule, latency):
     assert result.mean_accept_length == pytest.approx(result.tokens / result.steps)
     for j, trace_result in enumerate(result.traces):
         mine = [s for s in steps if s[0] == j]
-        assert trace_result.tokens == profile.traces[j].num_positions
+        assert trace_result.tokens == max(profile.traces[j].num_positions - 1, 0)
+        assert trace_result.tokens == sum(s[3] for s in mine)
         assert trace_result.steps == len(mine)
         assert trace_result.time_ms == pytest.approx(sum(s[4] for s in mine), rel=1e-12)
     return result
@@ -163,9 +172,34 @@ def test_empty_tree_takes_one_step_per_token():
     profile = random_profile(3)
     latency = LatencyModel.cpu_like()
     result = replay(profile, Tree.from_paths([]), latency)
-    assert result.steps == result.tokens == profile.num_positions
-    assert result.time_ms == pytest.approx(profile.num_positions * latency.step_ms(0, 0))
+    assert result.steps == result.tokens == decode_tokens(profile)
+    assert result.time_ms == pytest.approx(result.tokens * latency.step_ms(0, 0))
     assert set(result.step_accept.tolist()) == {1}
+
+
+def test_traces_of_one_token_have_no_step():
+    """The prefill emits a trace's first token: a one-token trace decodes nothing."""
+    traces = [Trace(0, "p0", np.ones(1), np.zeros((1, 3))),
+              Trace(1, "p1", np.zeros(0), np.zeros((0, 3))),
+              Trace(2, "p2", np.ones(1), -np.ones((1, 3)))]
+    result = replay(Profile(ProfileMeta(num_heads=3), traces), Tree.from_paths([[0]]),
+                    LatencyModel.cpu_like())
+    assert result.steps == result.tokens == 0 and result.time_ms == 0.0
+    assert result.tokens_per_second == 0.0 and result.mean_accept_length == 0.0
+    assert [t.steps for t in result.traces] == [0, 0, 0]
+
+
+def test_a_perfect_draft_stops_at_the_last_token():
+    """Every draft right: steps of depth + 1 tokens, the last one cut to the tokens left."""
+    heads, tree = 3, Tree.from_paths([[0], [0, 0], [0, 0, 0]])
+    for n in range(1, 12):
+        ranks = np.zeros((n, heads), dtype=np.int64)
+        ranks[np.arange(n)[:, None] + np.arange(1, heads + 1)[None, :] >= n] = -1
+        profile = Profile(ProfileMeta(num_heads=heads), [Trace(0, "p", np.ones(n), ranks)])
+        result = replay(profile, tree, LatencyModel.cpu_like())
+        full, rest = divmod(n - 1, heads + 1)
+        assert result.step_accept.tolist() == [heads + 1] * full + ([rest] if rest else [])
+        assert result.step_position.tolist() == list(range(0, n - 1, heads + 1))
 
 
 def test_replay_rejects_an_empty_profile():
@@ -179,11 +213,12 @@ def brute_force_best_time(profile: Profile, trees: list[Tree], latency: LatencyM
     total = 0.0
     for trace in profile.traces:
         n = trace.num_positions
-        accepts = [[min(hand_accept(t, trace.ranks[i]), n - i) for i in range(n)] for t in trees]
+        accepts = [[min(hand_accept(t, trace.ranks[i]), n - 1 - i) for i in range(n)]
+                   for t in trees]
         best = math.inf
         for assignment in itertools.product(range(len(trees)), repeat=n):
             time, i = 0.0, 0
-            while i < n:
+            while i < n - 1:
                 time += latency.tree_ms(trees[assignment[i]])
                 i += accepts[assignment[i]][i]
             best = min(best, time)
@@ -200,7 +235,7 @@ def test_oracle_matches_brute_force_on_tiny_traces(seed):
     oracle = oracle_replay(profile, trees, latency)
     brute = brute_force_best_time(profile, trees, latency)
     assert oracle.time_ms == pytest.approx(brute, rel=1e-12)
-    assert oracle.tokens == profile.num_positions
+    assert oracle.tokens == decode_tokens(profile) == int(oracle.step_accept.sum())
     # The oracle's recorded steps are a legal walk with the recorded trees.
     replayer = Replayer(profile, trees, latency)
     assert oracle.time_ms == replayer.run(_tree_at_from_steps(replayer, oracle)).time_ms

@@ -85,6 +85,10 @@ def test_coordinate_ascent_is_locally_optimal_and_replays_exactly(seed):
     schedule = Schedule(tuple(candidates[i] for i in choice), thresholds, estimator)
     exact = replay(profile, schedule, latency)
     assert time_ms == pytest.approx(exact.time_ms, rel=1e-12)
+    # The trial value is the replay's tokens/s: decode tokens (the prefill's excluded) over time.
+    decode_tokens = sum(max(t.num_positions - 1, 0) for t in profile.traces)
+    assert objective.tokens == exact.tokens == decode_tokens
+    assert 1000.0 * objective.tokens / time_ms == pytest.approx(exact.tokens_per_second)
     assert exact.time_ms <= static.time_ms * (1 + 1e-12)
     for b in range(len(choice)):
         for c in range(len(candidates)):
