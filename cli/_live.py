@@ -147,7 +147,13 @@ class MethodRuns:
 
     @property
     def tokens(self) -> int:
+        """Every generated token, the prefill's first included."""
         return sum(len(r.tokens) for r in self.results)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the decoding steps produced: each output less the prefill's first token."""
+        return sum(max(len(r.tokens) - 1, 0) for r in self.results)
 
     @property
     def steps(self) -> int:
@@ -163,10 +169,9 @@ class MethodRuns:
 
     @property
     def tokens_per_second(self) -> float:
-        """Tokens the decoding steps produced over the steps' time (the prefill's first token and
-        time excluded, as in the replay)."""
-        produced = sum(max(len(r.tokens) - 1, 0) for r in self.results)
-        return 1000.0 * produced / self.decode_ms if self.decode_ms > 0 else 0.0
+        """Decode tokens over the steps' time (the prefill's first token and time excluded, as in
+        the replay and the runtime's ``decode_tokens_per_second``)."""
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
 
     @property
     def end_to_end_tokens_per_second(self) -> float:
@@ -175,8 +180,8 @@ class MethodRuns:
 
     @property
     def mean_accept_length(self) -> float:
-        accepted = sum(sum(r.accept_lengths) for r in self.results)
-        return accepted / self.steps if self.steps else 0.0
+        """Decode tokens per step, as the replay counts them."""
+        return self.decode_tokens / self.steps if self.steps else 0.0
 
     def tree_usage(self) -> dict[int, int]:
         """Steps per tree index."""
@@ -196,6 +201,7 @@ class MethodRuns:
     def summary(self) -> dict[str, Any]:
         return {
             "tokens": self.tokens,
+            "decode_tokens": self.decode_tokens,
             "steps": self.steps,
             "decode_ms": self.decode_ms,
             "prefill_ms": self.prefill_ms,
@@ -310,12 +316,22 @@ def accept_only_latency() -> LatencyModel:
 
 
 # -- live vs replayed steps -------------------------------------------------------------------
+def step_tokens(result: Any) -> list[int]:
+    """Tokens each live step added to the output (the replay's accept length): the next step's
+    position less its own; the last step's run to the last generated token."""
+    positions = [s.position for s in result.step_log]
+    ends = [*positions[1:], len(result.tokens) - 1]
+    return [end - position for position, end in zip(positions, ends, strict=True)]
+
+
 @dataclass(frozen=True)
 class StepMismatch:
     prompt_id: str
     position: int
     live_accept: int | None  # None: the live decoder ran no step here
     replayed_accept: int | None  # None: the replay ran no step here
+    live_tree: int | None
+    replayed_tree: int | None
     live_estimate: float | None
     replayed_estimate: float | None
 
@@ -325,6 +341,7 @@ class StepMismatch:
 
         return {"prompt_id": self.prompt_id, "position": self.position,
                 "live_accept": self.live_accept, "replayed_accept": self.replayed_accept,
+                "live_tree": self.live_tree, "replayed_tree": self.replayed_tree,
                 "live_estimate": num(self.live_estimate),
                 "replayed_estimate": num(self.replayed_estimate)}
 
@@ -332,18 +349,13 @@ class StepMismatch:
 @dataclass
 class StepComparison:
     steps_compared: int  # positions where either ran a step
-    steps_equal: int  # ... where both ran one with the same accept length
-    replayed_steps: int  # replayed steps on the live decoder's footing
-    replayed_accepted: int  # their accepted tokens
+    steps_equal: int  # ... where both ran one with the same accept length and tree
+    max_estimate_difference: float  # over the equal steps where both estimated (0.0: none)
     mismatches: list[StepMismatch]
 
     @property
     def agreement(self) -> float:
         return self.steps_equal / self.steps_compared if self.steps_compared else 1.0
-
-    @property
-    def replayed_mean_accept_length(self) -> float:
-        return self.replayed_accepted / self.replayed_steps if self.replayed_steps else 0.0
 
 
 def compare_steps(
@@ -352,37 +364,44 @@ def compare_steps(
     """Live steps against the replay's steps, position by position, prompt by prompt.
 
     ``live[j]`` (a DecodeResult) must be the decoding of the prompt whose trajectory is trace
-    ``j`` of the replayed profile. The live decoder runs no step at a trajectory's last position
-    where the replay books a final one-token step; that step is left out.
+    ``j`` of the replayed profile. A live step's accept length is the tokens it added to the
+    output (``step_tokens``), which is what the replay books.
     """
-    compared = equal = steps = accepted = 0
+    compared = equal = 0
+    estimate_difference = 0.0
     mismatches: list[StepMismatch] = []
     for j, (result, prompt_id) in enumerate(zip(live, prompt_ids, strict=True)):
         mine = replayed.step_trace == j
-        positions = replayed.step_position[mine].tolist()
-        accepts = replayed.step_accept[mine].tolist()
-        estimates = replayed.step_estimate[mine].tolist()
-        rep = {p: (a, e) for p, a, e in zip(positions, accepts, estimates, strict=True)}
-        own = {s.position: (s.accept_length, s.entropy_estimate) for s in result.step_log}
-        last = len(result.tokens) - 1
-        if last in rep and last not in own and rep[last][0] == 1:
-            del rep[last]
-        steps += len(rep)
-        accepted += sum(a for a, _ in rep.values())
+        rep = {
+            p: (a, k, e) for p, a, k, e in zip(
+                replayed.step_position[mine].tolist(), replayed.step_accept[mine].tolist(),
+                replayed.step_tree[mine].tolist(), replayed.step_estimate[mine].tolist(),
+                strict=True)
+        }
+        own = {
+            s.position: (a, s.tree_index, s.entropy_estimate)
+            for s, a in zip(result.step_log, step_tokens(result), strict=True)
+        }
         for position in sorted(set(rep) | set(own)):
             live_step, rep_step = own.get(position), rep.get(position)
             compared += 1
-            if live_step is not None and rep_step is not None and live_step[0] == rep_step[0]:
+            if live_step is not None and rep_step is not None and live_step[:2] == rep_step[:2]:
                 equal += 1
+                if math.isfinite(live_step[2]) and math.isfinite(rep_step[2]):
+                    estimate_difference = max(estimate_difference,
+                                              abs(live_step[2] - rep_step[2]))
                 continue
             mismatches.append(StepMismatch(
                 prompt_id, position,
-                None if live_step is None else int(live_step[0]),
-                None if rep_step is None else int(rep_step[0]),
-                None if live_step is None else float(live_step[1]),
-                None if rep_step is None else float(rep_step[1]),
+                _field(live_step, 0, int), _field(rep_step, 0, int),
+                _field(live_step, 1, int), _field(rep_step, 1, int),
+                _field(live_step, 2, float), _field(rep_step, 2, float),
             ))
-    return StepComparison(compared, equal, steps, accepted, mismatches)
+    return StepComparison(compared, equal, estimate_difference, mismatches)
+
+
+def _field(step: tuple | None, index: int, kind: type) -> Any:
+    return None if step is None else kind(step[index])
 
 
 # -- output -----------------------------------------------------------------------------------

@@ -2,8 +2,13 @@
 
 Held-out prompts are decoded twice on the same machinery, interleaved: with the bundle's
 entropy schedule and autoregressively. The autoregressive outputs are the greedy trajectories;
-profiled and replayed with the bundle's schedule they must give the live accept lengths step by
-step (up to float ties), which is the check of the exact-replay argument on this machine.
+profiled and replayed with the bundle's schedule they must give the live steps one for one
+(positions, accept lengths, trees; up to float ties), which is the check of the exact-replay
+argument on this machine.
+
+Predicted and measured numbers are on one footing: tokens/s is decode tokens (each output less
+the prefill's first token) over the decoding steps' time, and mean accept length is decode
+tokens per step, as the replay that made the bundle's prediction counts them.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from ._live import (
 from .app import app
 
 MAX_MISMATCHES_SHOWN = 10
+RATE_DEFINITION = ("decode tokens (each output less the prefill's first token) over decoding-step "
+                   "time; mean accept length: decode tokens per step (as in the replay)")
 
 
 def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: MethodRuns,
@@ -60,7 +67,10 @@ def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: Method
         "replay_step_agreement": comparison.agreement,
         "steps_compared": comparison.steps_compared,
         "steps_equal": comparison.steps_equal,
-        "replayed_mean_accept_length": comparison.replayed_mean_accept_length,
+        "max_estimate_difference": comparison.max_estimate_difference,
+        "replayed_steps": replayed.steps,
+        "replayed_decode_tokens": replayed.tokens,
+        "replayed_mean_accept_length": replayed.mean_accept_length,
         # on the bundle's latency model, over these prompts' trajectories
         "replayed_tokens_per_second": (
             replayed.tokens_per_second if bundle.latency is not None else None
@@ -71,7 +81,9 @@ def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: Method
 
 def _table(report: dict[str, Any]) -> Table:
     table = Table(title=f"validate: {report['prompts']} {report['split']} prompts of "
-                        f"{report['task']}", title_justify="left")
+                        f"{report['task']}", title_justify="left",
+                  caption="tokens/s and accept length count decode tokens: the prefill's first "
+                          "token and time are excluded", caption_justify="left")
     table.add_column("")
     table.add_column("predicted", justify="right")
     table.add_column("measured", justify="right")
@@ -144,6 +156,7 @@ def validate(
         "split": split,
         "prompts": len(encoded),
         "max_new_tokens": max_new_tokens,
+        "rate_definition": RATE_DEFINITION,
         "predicted_mean_accept_length": bundle.predicted.mean_accept_length,
         "measured_mean_accept_length": live.mean_accept_length,
         "predicted_tokens_per_second": bundle.predicted.tokens_per_second,
@@ -170,6 +183,7 @@ def validate(
             f"{report['replayed_mean_accept_length']:.3f}"
         )
         for m in report["mismatches"][:MAX_MISMATCHES_SHOWN]:
-            console.print(f"  {m['prompt_id']} position {m['position']}: live "
-                          f"{m['live_accept']} vs replayed {m['replayed_accept']}")
+            console.print(f"  {m['prompt_id']} position {m['position']}: live accept "
+                          f"{m['live_accept']} tree {m['live_tree']} vs replayed "
+                          f"{m['replayed_accept']} tree {m['replayed_tree']}")
     write_json(json_path, report, console)

@@ -6,11 +6,16 @@ cached position (whose logits chose the pending token). A step drafts a tree und
 token, verifies it in one forward, keeps the accepted path in the cache and emits its drafted
 tokens plus the base model's next token after the leaf, which becomes the new pending token.
 
-Generated token ``i`` is the pending token of the step at position ``i``, so a step at position
-``i`` that keeps ``d`` drafted tokens has accept length ``1 + d`` and the next step is at
-``i + 1 + d``: the offline replay's positions and accept lengths. At the end, drafts past
-``max_new_tokens`` or after an EOS token are cut (and the accept length with them); the decoder
-runs no step at the last position, where the replay books a final one-token step.
+Generated token 0 comes from the prefill; generated token ``i`` is the pending token of the step
+at position ``i``. A step at position ``i`` that keeps ``d`` drafted tokens emits tokens
+``i + 1 .. i + 1 + d`` and the next step is at ``i + 1 + d``. Of ``G`` generated tokens the last
+is emitted by a step (or the prefill), so no step runs at position ``G - 1``: drafts past
+``max_new_tokens`` or after an EOS token are cut, and the base model's next token is emitted
+only while there is room. These are exactly the steps the offline replay books (same positions,
+trees and estimates; ``G - 1`` decode tokens), and ``decode_tokens_per_second`` is the replay's
+rate: decode tokens over the steps' time, prefill excluded. A step's logged ``accept_length`` is
+``1 + d``, the tokens it emitted, except on a final step whose next token found no room: that
+step emitted ``d`` tokens, which is what the replay books as its accept length.
 """
 
 from __future__ import annotations

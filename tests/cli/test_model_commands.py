@@ -116,7 +116,8 @@ def test_validate_is_lossless_and_replays_the_calibration_profile_exactly(varied
     assert report["prompts"] == len(PROMPTS)
     assert report["lossless"] is True and report["not_lossless_prompts"] == []
     assert report["replay_step_agreement"] == 1.0 and report["mismatches"] == []
-    assert report["steps_compared"] == report["entmtp"]["steps"]
+    assert report["steps_compared"] == report["entmtp"]["steps"] == report["replayed_steps"]
+    assert report["entmtp"]["decode_tokens"] == report["replayed_decode_tokens"]
     assert report["measured_mean_accept_length"] == report["replayed_mean_accept_length"]
     assert report["predicted_mean_accept_length"] == bundle.predicted.mean_accept_length
     assert report["predicted_tokens_per_second"] == bundle.predicted.tokens_per_second
@@ -125,20 +126,17 @@ def test_validate_is_lossless_and_replays_the_calibration_profile_exactly(varied
     assert sum(report["tree_usage"].values()) == report["entmtp"]["steps"]
 
     # Independently: calibrate profiled the same prompts (its own batched greedy generation), so
-    # replaying the bundle on that profile gives the live steps, less the final one-token step
-    # the replay books at a trajectory's last position (the live decoder runs none there).
+    # replaying the bundle on that profile books exactly the live steps, and (the bundle was
+    # calibrated on all these prompts) its prediction is the measured mean accept length.
     profile = Profile.load(varied.run / "profile.npz")
     schedule = Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
     replayed = replay(profile, schedule, bundle.latency)
-    final_steps = 0
-    for j, trace in enumerate(profile.traces):
-        mine = replayed.step_trace == j
-        last = replayed.step_position[mine][-1]
-        final_steps += int(last == trace.num_positions - 1)
-    assert report["entmtp"]["steps"] == replayed.steps - final_steps
+    assert report["entmtp"]["steps"] == replayed.steps
     assert report["entmtp"]["tokens"] == profile.num_positions
-    expected = (replayed.tokens - final_steps) / (replayed.steps - final_steps)
-    assert report["measured_mean_accept_length"] == pytest.approx(expected, rel=1e-12)
+    assert report["entmtp"]["decode_tokens"] == replayed.tokens
+    assert report["measured_mean_accept_length"] == replayed.mean_accept_length
+    assert report["predicted_mean_accept_length"] == report["measured_mean_accept_length"]
+    assert report["replayed_tokens_per_second"] == bundle.predicted.tokens_per_second
     assert "lossless" in result.output and "replay check" in result.output
 
 
@@ -282,43 +280,58 @@ def test_help_gives_an_example(command):
 
 
 def test_step_comparison_finds_every_disagreement():
-    from entmtp.cli._live import compare_steps
+    from entmtp.cli._live import compare_steps, step_tokens
     from entmtp.runtime._decode import StepLog
-    from entmtp.treesearch import Tree, synthetic_profile
+    from entmtp.treesearch import EntropyEstimator, Tree, synthetic_profile
 
     profile = synthetic_profile(num_traces=3, positions=40, num_heads=3, seed=1)
-    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
-    replayed = replay(profile, tree, LatencyModel.cpu_like())
+    trees = (Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]]), Tree.from_paths([[0]]))
+    replayed = replay(profile, Schedule(trees, (1.0,), EntropyEstimator.ema(0.5)),
+                      LatencyModel.cpu_like())
 
-    def live_from_replay(change: tuple[int, int] | None = None):
-        """Decode results that step exactly as the replay, less its final one-token steps;
-        ``change = (trace, step)`` adds one to that step's accept length."""
+    def live_from_replay(*, longer: tuple[int, int] | None = None,
+                         tree: tuple[int, int] | None = None):
+        """Decode results that step exactly as the replay; ``longer = (trace, step)`` makes that
+        step emit one more token (every later step moves on by one), ``tree = (trace, step)``
+        switches that step's tree."""
         results = []
         for j, trace in enumerate(profile.traces):
             mine = replayed.step_trace == j
-            steps = list(zip(replayed.step_position[mine].tolist(),
-                             replayed.step_accept[mine].tolist(), strict=True))
-            if steps[-1] == (trace.num_positions - 1, 1):
-                steps.pop()
-            if change is not None and change[0] == j:
-                position, accept = steps[change[1]]
-                steps[change[1]] = (position, accept + 1)
-            log = [StepLog(p, float("nan"), 0, tree.num_nodes, tree.depth, a, 0.0, 0.0, 0.0)
-                   for p, a in steps]
+            steps = [list(s) for s in zip(replayed.step_position[mine].tolist(),
+                                          replayed.step_tree[mine].tolist(),
+                                          replayed.step_estimate[mine].tolist(), strict=True)]
+            if longer is not None and longer[0] == j:
+                for step in steps[longer[1] + 1:]:
+                    step[0] += 1
+                steps = [s for s in steps if s[0] < trace.num_positions - 1]
+            if tree is not None and tree[0] == j:
+                steps[tree[1]][1] = 1 - steps[tree[1]][1]
+            log = [StepLog(p, e, k, trees[k].num_nodes, trees[k].depth, 0, 0.0, 0.0, 0.0)
+                   for p, k, e in steps]
             results.append(SimpleNamespace(tokens=[0] * trace.num_positions, step_log=log))
         return results
 
     ids = [t.prompt_id for t in profile.traces]
-    same = compare_steps(live_from_replay(), replayed, ids)
+    exact = live_from_replay()
+    same = compare_steps(exact, replayed, ids)
     assert same.agreement == 1.0 and same.mismatches == []
-    live_steps = sum(len(r.step_log) for r in live_from_replay())
-    assert same.steps_compared == same.replayed_steps == live_steps
+    assert same.steps_compared == replayed.steps == sum(len(r.step_log) for r in exact)
+    assert same.max_estimate_difference == 0.0
+    assert [a for r in exact for a in step_tokens(r)] == replayed.step_accept.tolist()
 
-    changed = compare_steps(live_from_replay(change=(1, 2)), replayed, ids)
+    changed = compare_steps(live_from_replay(longer=(1, 2)), replayed, ids)
     assert changed.agreement < 1.0
     first = changed.mismatches[0]
     assert first.prompt_id == ids[1] and first.live_accept == first.replayed_accept + 1
+    assert first.live_tree == first.replayed_tree
     assert {m.prompt_id for m in changed.mismatches} == {ids[1]}
+
+    switched = compare_steps(live_from_replay(tree=(2, 1)), replayed, ids)
+    assert switched.steps_compared == replayed.steps
+    assert switched.steps_equal == replayed.steps - 1
+    (only,) = switched.mismatches
+    assert only.prompt_id == ids[2] and only.live_accept == only.replayed_accept
+    assert only.live_tree == 1 - only.replayed_tree
 
 
 @pytest.mark.integration

@@ -1,7 +1,8 @@
-"""The central test: live decoding accepts, step by step, what the replay of a profile predicts.
+"""The central test: live decoding runs, step by step, the steps the replay of a profile books.
 
 The profile comes from calibrate's profiler on the same model, heads and prompts; the replay is
-treesearch's; the live decoder runs the same static tree or entropy schedule.
+treesearch's; the live decoder runs the same static tree or entropy schedule. Steps are compared
+one for one: positions, accept lengths (tokens each step adds to the output), trees, estimates.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def _thresholds(estimates: np.ndarray) -> tuple[float, float]:
     return tuple(sorted(chosen))
 
 
+def _emitted(live) -> list[int]:
+    """Tokens each live step added: up to the next step's position, the last up to the end."""
+    positions = [s.position for s in live.step_log]
+    ends = positions[1:] + [len(live.tokens) - 1]
+    return [end - position for position, end in zip(positions, ends, strict=True)]
+
+
 def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
     replayed = replay(profile, schedule_or_tree, LatencyModel.cpu_like())
     compared_steps = 0
@@ -67,20 +75,17 @@ def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
                                 eos_token_ids=base.eos_token_ids)
         assert len(live.tokens) == trace.num_positions
         mine = replayed.step_trace == trace_index
-        positions = replayed.step_position[mine].tolist()
         accepts = replayed.step_accept[mine].tolist()
-        trees = replayed.step_tree[mine].tolist()
-        estimates = replayed.step_estimate[mine]
-        if positions and positions[-1] == trace.num_positions - 1:  # replay's final 1-token step
-            positions, accepts, trees = positions[:-1], accepts[:-1], trees[:-1]
-            estimates = estimates[:-1]
-        assert [s.position for s in live.step_log] == positions
-        assert live.accept_lengths == accepts
-        assert [s.tree_index for s in live.step_log] == trees
+        assert [s.position for s in live.step_log] == replayed.step_position[mine].tolist()
+        assert _emitted(live) == accepts
+        assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
         if isinstance(scheduler, BundleScheduler):  # a static scheduler estimates nothing
             live_estimates = np.array([s.entropy_estimate for s in live.step_log])
-            np.testing.assert_allclose(live_estimates, estimates, atol=1e-4)
-        compared_steps += len(positions)
+            np.testing.assert_allclose(live_estimates, replayed.step_estimate[mine], atol=1e-4)
+        totals = replayed.traces[trace_index]
+        assert (live.steps, len(live.tokens) - 1) == (totals.steps, totals.tokens)
+        assert totals.mean_accept_length == (len(live.tokens) - 1) / max(live.steps, 1)
+        compared_steps += live.steps
         total_accepts.extend(accepts)
     return compared_steps, total_accepts
 
