@@ -13,9 +13,9 @@ is emitted by a step (or the prefill), so no step runs at position ``G - 1``: dr
 ``max_new_tokens`` or after an EOS token are cut, and the base model's next token is emitted
 only while there is room. These are exactly the steps the offline replay books (same positions,
 trees and estimates; ``G - 1`` decode tokens), and ``decode_tokens_per_second`` is the replay's
-rate: decode tokens over the steps' time, prefill excluded. A step's logged ``accept_length`` is
-``1 + d``, the tokens it emitted, except on a final step whose next token found no room: that
-step emitted ``d`` tokens, which is what the replay books as its accept length.
+rate: decode tokens over the steps' time, prefill excluded. A step's ``accept_length`` is the
+tokens it emitted (``1 + d``, or ``d`` on a final step whose next token found no room), as in
+the replay, so ``mean_accept_length`` is decode tokens per step.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class StepLog:
     tree_index: int  # index of the tree in the scheduler's list
     num_nodes: int
     depth: int
-    accept_length: int  # 1 + drafted tokens kept (after EOS / max_new_tokens cuts)
+    accept_length: int  # tokens the step emitted: drafts kept (after EOS / max_new_tokens cuts)
+    #                     plus the base model's next token when there is room for it
     draft_ms: float  # heads + top-k + node tokens
     verify_ms: float  # the base-model forward over the tree (+ lm_head)
     bookkeeping_ms: float  # mask, acceptance, cache compaction, entropies, scheduler
@@ -333,7 +334,7 @@ class SpeculativeDecoder:
                 tree_index=choice.index,
                 num_nodes=plan.num_nodes,
                 depth=plan.depth,
-                accept_length=len(path),
+                accept_length=len(tokens) - emitted_before,
                 draft_ms=outcome.draft_ms,
                 verify_ms=outcome.verify_ms,
                 bookkeeping_ms=(t1 - t0) + outcome.accept_ms + (t3 - t2),

@@ -77,7 +77,7 @@ def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
         mine = replayed.step_trace == trace_index
         accepts = replayed.step_accept[mine].tolist()
         assert [s.position for s in live.step_log] == replayed.step_position[mine].tolist()
-        assert _emitted(live) == accepts
+        assert _emitted(live) == accepts == live.accept_lengths
         assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
         if isinstance(scheduler, BundleScheduler):  # a static scheduler estimates nothing
             live_estimates = np.array([s.entropy_estimate for s in live.step_log])
