@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from entmtp.calibrate._heads import new_heads, save_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._tasks import (
@@ -328,6 +329,7 @@ def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
     losses = fit_heads(
         heads, train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
         softmax_vocab="batch", frequent_tokens=args.frequent_tokens,
+        random_negatives=args.random_negatives,
     )
     seconds = time.perf_counter() - began
     accuracy = {task: head_accuracy(heads, trajectories) for task, trajectories in evals.items()}
@@ -370,10 +372,13 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=32)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--num-layers", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--frequent-tokens", type=int, default=1024)
+    parser.add_argument("--random-negatives", type=int, default=4096)
+    parser.add_argument("--head-types", default="medusa,hydra",
+                        help="comma-separated; run one per process to use both cores")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 is fastest on a shared 2-core machine)")
@@ -421,7 +426,9 @@ def main() -> int:
         "heads": {},
         "ablation_self_distilled_only": {},
     }
-    for head_type in ("medusa", "hydra"):
+    head_types = args.head_types.split(",")
+    suffix = "" if len(head_types) == 2 else "-" + "-".join(head_types)
+    for head_type in head_types:
         heads, report = train_one(base, head_type, train, evals, args)
         log(f"{head_type}: losses {report['epoch_losses']}\n{report['table']}")
         results["heads"][head_type] = report
@@ -440,15 +447,15 @@ def main() -> int:
         }
         save_heads(heads, out / f"smollm2-135m-{head_type}", extra=extra)
         results["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
-        (work / "results.json").write_text(json.dumps(results, indent=2))
+        (work / f"results{suffix}.json").write_text(json.dumps(results, indent=2))
     if args.ablation:
-        for head_type in ("medusa", "hydra"):
+        for head_type in head_types:
             _, small = train_one(base, head_type, self_distilled, evals, args)
             results["ablation_self_distilled_only"][head_type] = small
             log(f"{head_type} on the self-distilled data only:\n{small['table']}")
-            (work / "results.json").write_text(json.dumps(results, indent=2))
+            (work / f"results{suffix}.json").write_text(json.dumps(results, indent=2))
     results["wall_seconds_this_run"] = round(time.perf_counter() - started, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"results{suffix}.json").write_text(json.dumps(results, indent=2) + "\n")
     log(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

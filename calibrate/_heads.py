@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from entmtp.treesearch._errors import EntmtpError
 from torch import Tensor, nn
+
+from entmtp.treesearch._errors import EntmtpError
 
 HEADS_FORMAT = "entmtp-heads"
 HEADS_FORMAT_VERSION = 1

@@ -11,8 +11,8 @@ cross-entropy, exactly the quantity the profiler ranks.
 
 On a CPU the vocabulary projection dominates the cost (49k x hidden per example and head), so
 training by default normalises the softmax over a subset of the vocabulary: the most frequent
-tokens of the trajectories plus each batch's targets (``softmax_vocab="batch"``); evaluation
-always ranks over the full vocabulary.
+tokens of the trajectories, each batch's targets and uniformly sampled negatives
+(``softmax_vocab="batch"``); evaluation always ranks over the full vocabulary.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
-from torch import Tensor
 
 from ._heads import DraftHeads, _unwrap_base
 
@@ -388,7 +389,8 @@ def fit_heads(
     seed: int = 0,
     weight_decay: float = 0.0,
     softmax_vocab: str = "batch",
-    frequent_tokens: int = 2048,
+    frequent_tokens: int = 1024,
+    random_negatives: int = 4096,
     progress: Progress | None = None,
 ) -> list[float]:
     """Train ``heads`` in place on cached trajectories; returns the mean loss of each epoch.
@@ -396,8 +398,9 @@ def fit_heads(
     AdamW with 5 % linear warm-up then cosine decay; the loss is the sum over heads of the
     cross-entropy on the token ``d`` steps after the root. ``softmax_vocab`` is the vocabulary
     the softmax is normalised over: "batch" (the ``frequent_tokens`` most frequent tokens of the
-    trajectories plus the batch's targets: cheapest), "seen" (every token of the trajectories)
-    or "full".
+    trajectories, the batch's targets and ``random_negatives`` tokens drawn uniformly afresh for
+    each batch, so that no token escapes the push-down: cheapest), "seen" (every token of the
+    trajectories) or "full".
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise EntmtpError("training needs epochs >= 1, batch_size >= 1 and lr > 0")
@@ -434,7 +437,12 @@ def fit_heads(
                 batch_targets = targets[picked]
                 batch_vocab = vocab_ids
                 if frequent is not None:
-                    batch_vocab, batch_targets = _batch_vocab(frequent, batch_targets)
+                    negatives = torch.randint(
+                        0, heads.vocab_size, (random_negatives,), generator=generator
+                    )
+                    batch_vocab, batch_targets = _batch_vocab(
+                        torch.cat([frequent, negatives]), batch_targets
+                    )
                 loss = torch.zeros((), device=device)
                 for depth in range(1, heads.num_heads + 1):
                     target = batch_targets[:, depth - 1]

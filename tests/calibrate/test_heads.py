@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from entmtp.calibrate import _heads
 from entmtp.calibrate._heads import (
     HydraHeads,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import (
     Trajectory,
