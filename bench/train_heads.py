@@ -322,7 +322,7 @@ def eval_trajectories(base, args) -> dict[str, list]:
 # -- training -----------------------------------------------------------------------------------
 def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
     heads = new_heads(
-        base.model, head_type=head_type, num_heads=args.num_heads, num_layers=args.num_layers,
+        base, head_type=head_type, num_heads=args.num_heads, num_layers=args.num_layers,
         shared_lm_head=True, seed=args.seed,
     )
     began = time.perf_counter()

@@ -355,7 +355,7 @@ def new_heads(
         with torch.no_grad():
             for linear in heads.proj:
                 linear.weight.copy_(lm_head.weight)
-    heads.base_model_name = _base_model_name(module)
+    heads.base_model_name = str(getattr(base, "name", "") or _base_model_name(module))
     parameter = next(module.parameters())
     return heads.to(dtype=parameter.dtype, device=parameter.device).eval()
 

