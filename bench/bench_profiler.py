@@ -17,6 +17,7 @@ import argparse
 import time
 
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._profiler import greedy_trajectories, profile_prompts

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+
 from entmtp.calibrate._heads import load_heads, new_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._stats import entropy_from_logits

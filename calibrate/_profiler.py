@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from entmtp.treesearch._errors import EntmtpError
 
 from ._model import CACHE_MARKER, default_gguf_path, file_sha256, resolve_dtype

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from entmtp.treesearch import EntmtpError, oracle_replay, replay
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from entmtp.treesearch import EntmtpError, oracle_replay, replay
 
 from ._errors import user_errors
 from ._live import (

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings, merge_profiles
-from entmtp.treesearch._storage import open_storage
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -19,6 +17,9 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings, merge_profiles
+from entmtp.treesearch._storage import open_storage
 
 from ._errors import user_errors
 from ._model_setup import load_model_and_heads

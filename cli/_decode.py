@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from entmtp.treesearch import EntmtpError
 from rich.console import Console
+
+from entmtp.treesearch import EntmtpError
 
 from ._errors import user_errors
 from ._live import (

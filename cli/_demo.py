@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from entmtp.treesearch import LatencyModel, SearchSettings, synthetic_profile
 from rich.console import Console
+
+from entmtp.treesearch import LatencyModel, SearchSettings, synthetic_profile
 
 from ._errors import user_errors
 from ._runs import RunDir, search_stage

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import typer
+
 from entmtp.treesearch import EntmtpError
 
 F = TypeVar("F", bound=Callable[..., object])

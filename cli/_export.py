@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, export, load_bundle
 from entmtp.treesearch._exports import default_tree
 

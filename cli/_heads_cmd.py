@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from entmtp.treesearch import EntmtpError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from entmtp.treesearch import EntmtpError
 
 from ._errors import user_errors
 from ._live import quiet_transformers

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+
 from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
 from entmtp.treesearch._atomic import atomic_write
-from rich.console import Console
 
 from ._errors import user_errors
 from ._runs import RunDir, load_front, search_stage
@@ -243,6 +244,7 @@ def load_for_latency(
             draft = new_heads(built.model, head_type=head_type, num_heads=num_heads, seed=seed)
         return built.model, draft, built.name
     import torch
+
     from entmtp.calibrate._model import resolve_dtype
 
     from ._model_setup import load_model_and_heads
@@ -280,6 +282,7 @@ def measure_latency(
     if threads is not None and threads < 1:
         raise EntmtpError(f"--threads {threads}: give at least 1")
     import torch
+
     from entmtp.runtime._latency_profile import profile_latency
 
     previous_threads = torch.get_num_threads()

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from entmtp.treesearch import Bundle, EntmtpError, LatencyModel, Profile, Schedule, load_bundle
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._profile import ProfileMeta, Trace
 from entmtp.treesearch._replay import ReplayResult
-from rich.console import Console
 
 from ._model_setup import HEAD_TYPES, resolve_heads
 
@@ -288,6 +289,7 @@ def profile_trajectories(
     """The profile of given greedy trajectories (e.g. the autoregressive outputs): the
     profiler's teacher-forced scoring, without generating again."""
     import torch
+
     from entmtp.calibrate._profiler import score_trajectories
 
     traces: list[Trace] = []

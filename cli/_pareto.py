@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
 from rich.console import Console
 from rich.table import Table
+
+from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
 
 from ._errors import user_errors
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version as _package_version
 from pathlib import Path
 
+from rich.console import Console
+
 from entmtp.treesearch import (
     EntmtpError,
     LatencyModel,
@@ -22,7 +24,6 @@ from entmtp.treesearch import (
 )
 from entmtp.treesearch._atomic import atomic_write_json, atomic_write_text
 from entmtp.treesearch._run import outcome_to_json, report_markdown
-from rich.console import Console
 
 
 @dataclass(frozen=True)

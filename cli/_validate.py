@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from entmtp.treesearch import replay
 from rich.console import Console
 from rich.table import Table
+
+from entmtp.treesearch import replay
 
 from ._errors import user_errors
 from ._live import (

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from transformers.cache_utils import DynamicCache
+
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
-from transformers.cache_utils import DynamicCache
 
 from ._drafter import TreeDrafter
 from ._kv_cache import check_cache, compact_cache, new_cache

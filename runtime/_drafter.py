@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan

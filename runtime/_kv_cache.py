@@ -8,8 +8,9 @@ the rest, layer by layer, without a second forward.
 from __future__ import annotations
 
 import torch
-from entmtp.treesearch._errors import EntmtpError
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+from entmtp.treesearch._errors import EntmtpError
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:

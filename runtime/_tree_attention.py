@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
 from entmtp.treesearch._tree import Tree
 
 

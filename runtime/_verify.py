@@ -7,8 +7,9 @@ final-norm hidden states (which feed the draft heads) and the logits.
 from __future__ import annotations
 
 import torch
-from entmtp.treesearch._errors import EntmtpError
 from transformers.cache_utils import DynamicCache
+
+from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan
 

@@ -21,19 +21,13 @@ from entmtp.calibrate._heads import (
     save_heads,
 )
 from entmtp.treesearch._errors import EntmtpError
+from support import make_tiny_llama
 
 HIDDEN, VOCAB = 32, 128
 
 
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-make_tiny_llama = _root_conftest().make_tiny_llama
 
 
 @pytest.fixture(autouse=True)

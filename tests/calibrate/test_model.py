@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from entmtp.calibrate import _model
 from entmtp.calibrate._model import (
     CACHE_MARKER,
@@ -20,17 +21,7 @@ from entmtp.calibrate._model import (
 )
 from entmtp.calibrate._tasks import TaskPrompt
 from entmtp.treesearch._errors import EntmtpError
-
-
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _root_conftest().make_tiny_llama
+from support import make_tiny_llama
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

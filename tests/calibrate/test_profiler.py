@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
 from entmtp.calibrate import _profiler
 from entmtp.calibrate._model import BaseModel
 from entmtp.calibrate._profiler import (
@@ -20,17 +19,8 @@ from entmtp.calibrate._profiler import (
 from entmtp.calibrate._tasks import TaskPrompt
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, merge_profiles
+from support import make_tiny_llama
 
-
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _root_conftest().make_tiny_llama
 VOCAB, HIDDEN = 128, 32
 
 

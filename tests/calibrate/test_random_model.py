@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from entmtp.calibrate._random_model import model_config, random_model
 from entmtp.treesearch._errors import EntmtpError
 
@@ -92,9 +93,10 @@ def test_bad_model_specs_are_one_line_errors(tmp_path, kind):
 @pytest.mark.integration
 def test_default_gguf_config_from_metadata_matches_the_cache():
     """The GGUF metadata (no dequantization) and the dequantized cache give one architecture."""
+    from transformers import AutoConfig
+
     from entmtp.calibrate import _random_model
     from entmtp.calibrate._model import default_gguf_path
-    from transformers import AutoConfig
 
     path = default_gguf_path().resolve()
     cached = _random_model._cached_gguf_folder(path)

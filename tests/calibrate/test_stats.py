@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from entmtp.calibrate._stats import entropy_from_logits, topk_ranks
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from entmtp.calibrate import _tasks
 from entmtp.calibrate._tasks import (
     TASKS,
@@ -16,17 +17,7 @@ from entmtp.calibrate._tasks import (
     task_prompts,
 )
 from entmtp.treesearch._errors import EntmtpError
-
-
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-requires_shared = _root_conftest().requires_shared
+from support import requires_shared
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -3,9 +3,6 @@ accuracy against brute force, learning a learnable map, the cache format, and tr
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -25,17 +22,8 @@ from entmtp.calibrate._train import (
     train_heads,
 )
 from entmtp.treesearch._errors import EntmtpError
+from support import make_tiny_llama
 
-
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _root_conftest().make_tiny_llama
 VOCAB = 128
 
 

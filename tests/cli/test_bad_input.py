@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
 from entmtp.cli.app import app
 from entmtp.treesearch._bundle import BUNDLE_FORMAT_VERSION
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._synthetic import synthetic_profile
-from typer.testing import CliRunner
 
 runner = CliRunner()
 ERROR_PREFIX = "entmtp: error:"

@@ -7,11 +7,12 @@ import shutil
 import struct
 
 import pytest
+from typer.testing import CliRunner
+
 from entmtp.cli import _latency_cmd  # noqa: F401 - importing registers the commands on `app`
 from entmtp.cli._latency_cmd import cpu_name, hardware_slug
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay
-from typer.testing import CliRunner
 
 runner = CliRunner()
 NODE_COUNTS = (0, 1, 3, 7)
@@ -91,9 +92,10 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
     assert measured.hardware["torch_threads"] == 1
     assert measured.hardware["num_heads"] == 3  # the fixture's heads, not --num-heads
     # `entmtp calibrate --latency` copies a measured model into its run unchanged.
+    from rich.console import Console
+
     from entmtp.cli._calibrate import latency_stage
     from entmtp.cli._runs import RunDir
-    from rich.console import Console
 
     run = RunDir(tmp_path / "run")
     latency_stage(run, latency_file=out, loader=lambda: pytest.fail("must not load a model"),

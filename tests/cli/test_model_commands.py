@@ -9,7 +9,6 @@ lengths vary and the calibrated schedule switches between trees.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import struct
 from pathlib import Path
@@ -17,10 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay, save_bundle
 from entmtp.treesearch._bundle import HeadsInfo
-from typer.testing import CliRunner
+from support import make_char_tokenizer, make_tiny_llama
 
 runner = CliRunner()
 
@@ -35,12 +36,6 @@ PROMPTS = [
 MAX_NEW_TOKENS = 20
 
 
-def _root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest_cli", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def invoke(args: list[str]):
@@ -75,15 +70,14 @@ def varied(tmp_path_factory) -> SimpleNamespace:
     from entmtp.calibrate._heads import new_heads, save_heads
 
     root = tmp_path_factory.mktemp("varied")
-    conftest = _root_conftest()
-    model = conftest.make_tiny_llama(0)
+    model = make_tiny_llama(0)
     generator = torch.Generator().manual_seed(1000)
     model.lm_head.weight = torch.nn.Parameter(
         torch.randn(model.lm_head.weight.shape, generator=generator) * 2.0)
     model.config.tie_word_embeddings = False
     model_dir = root / "model"
     model.save_pretrained(model_dir)
-    conftest.make_char_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
+    make_char_tokenizer(model.config.vocab_size).save_pretrained(model_dir)
     heads = {}
     for head_type in ("medusa", "hydra"):
         heads[head_type] = root / head_type

@@ -7,9 +7,10 @@ import struct
 
 import pytest
 import yaml
+from typer.testing import CliRunner
+
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, load_bundle, replay
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

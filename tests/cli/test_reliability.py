@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from entmtp.cli.app import app
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile
-from typer.testing import CliRunner
 
 runner = CliRunner()
 ENTMTP = [sys.executable, "-c", "from entmtp.cli.app import main; main()"]

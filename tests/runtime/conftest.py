@@ -6,26 +6,15 @@ imported by path and cannot import each other.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 from entmtp.treesearch._tree import Tree
-
-
-def _load_root_conftest():
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_entmtp_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_tiny_llama = _load_root_conftest().make_tiny_llama
+from support import make_tiny_llama
 
 
 def sharp_llama(seed: int = 0, *, attn: str = "sdpa", vocab_size: int = 128, lm_scale: float = 2.0):

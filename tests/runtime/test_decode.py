@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.runtime._drafter import TreeDrafter
 from entmtp.runtime._tree_attention import tree_plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.runtime._decode import SpeculativeDecoder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._kv_cache import check_cache, compact_cache, new_cache, truncate_cache
 from entmtp.runtime._verify import forward_tokens, greedy_accept

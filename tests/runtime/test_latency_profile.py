@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.runtime._latency_profile import budget_tree, profile_latency
 from entmtp.treesearch._errors import EntmtpError

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import BaseModel
 from entmtp.calibrate._profiler import profile_prompts

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._sampling import rejection_accept, typical_accept
 from entmtp.runtime._scheduler import StaticScheduler

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator

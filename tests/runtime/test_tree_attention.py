@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from entmtp.runtime._kv_cache import new_cache
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.runtime._verify import (

@@ -8,6 +8,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from entmtp.treesearch._acceptance import (
     AcceptanceTable,
     accept_lengths,
@@ -23,8 +26,6 @@ from entmtp.treesearch._acceptance import (
 )
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 # -- strategies and references -------------------------------------------------------------

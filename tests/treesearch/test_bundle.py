@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,

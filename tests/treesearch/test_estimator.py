@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 

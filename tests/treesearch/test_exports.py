@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,
@@ -23,8 +26,6 @@ from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]

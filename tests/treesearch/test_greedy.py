@@ -7,6 +7,10 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
 from entmtp.treesearch._acceptance import (
     expected_accept_length,
     head_rank_probabilities,
@@ -22,9 +26,6 @@ from entmtp.treesearch._greedy import (
     independence_tree,
 )
 from entmtp.treesearch._tree import Tree
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
 
 
 def all_prefix_closed_trees(heads: int, topk: int, size: int) -> set[frozenset]:

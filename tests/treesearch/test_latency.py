@@ -6,11 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def reference_step_ms(knots, values, depth_ms, n, d) -> float:

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from entmtp.treesearch._acceptance import expected_accept_length
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator

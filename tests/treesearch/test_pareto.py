@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from entmtp.treesearch._acceptance import bucket_of, expected_accept_length, prefix_probabilities
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._pareto import (
@@ -15,8 +18,6 @@ from entmtp.treesearch._pareto import (
     score_tree,
 )
 from entmtp.treesearch._tree import Tree
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 SOURCES = ("greedy", "optuna", "reference")
 

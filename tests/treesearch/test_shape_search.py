@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import optuna
 import pytest
+
 from entmtp.treesearch._acceptance import expected_accept_length, prefix_table
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel

@@ -7,10 +7,11 @@ from importlib import resources
 
 import numpy as np
 import pytest
-from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._tree import Tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._tree import Tree
 
 
 @st.composite
