@@ -19,7 +19,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/entmtp demo
+	$(VENV)/bin/entmtp calibrate --task code --head-type medusa --out runs/code-medusa
+	$(VENV)/bin/entmtp pareto runs/code-medusa --no-buckets --plot runs/code-medusa/pareto.png
 
 test: install
 	$(PY) -m pytest -q
