@@ -88,7 +88,8 @@ def pareto(
         if run.bundle.exists():
             bundle = load_bundle(run.bundle)
             for i, (tree, stats) in enumerate(zip(bundle.trees, bundle.tree_stats, strict=True)):
-                chosen.append({"label": f"chosen tree {i} ({tree.num_nodes} nodes, on its positions)",
+                label = f"chosen tree {i} ({tree.num_nodes} nodes, on its positions)"
+                chosen.append({"label": label,
                                "latency_ms": stats.latency_ms,
                                "expected_accept_length": stats.expected_accept_length})
         plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
