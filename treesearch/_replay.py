@@ -30,16 +30,13 @@ from ._schedule import Schedule, as_schedule
 from ._tree import Tree
 
 
-@dataclass(frozen=True)
-class TraceReplay:
-    """One trajectory's replayed totals."""
+class _Rates:
+    """Rates from a record's ``tokens``, ``steps``, ``time_ms`` and ``autoregressive_ms``."""
 
-    prompt_index: int
-    prompt_id: str
-    tokens: int  # decode tokens: the trajectory's length less the prefill's token
+    tokens: int
     steps: int
     time_ms: float
-    autoregressive_ms: float  # the same tokens decoded one per plain step
+    autoregressive_ms: float
 
     @property
     def tokens_per_second(self) -> float:
@@ -54,8 +51,21 @@ class TraceReplay:
         return self.autoregressive_ms / self.time_ms if self.time_ms > 0 else 1.0
 
 
+@dataclass(frozen=True)
+class TraceReplay(_Rates):
+    """One trajectory's replayed totals."""
+
+    prompt_index: int
+    prompt_id: str
+    tokens: int  # decode tokens: the trajectory's length less the prefill's token
+    steps: int
+    time_ms: float
+    autoregressive_ms: float  # the same tokens decoded one per plain step
+
+
+
 @dataclass(frozen=True, eq=False)
-class ReplayResult:
+class ReplayResult(_Rates):
     """Totals over every trajectory plus one record per step (steps in trajectory order)."""
 
     tokens: int  # decode tokens: every trajectory's length less its prefill token
@@ -70,17 +80,6 @@ class ReplayResult:
     step_accept: np.ndarray  # [steps] int64: tokens the step emits (>= 1, cut at the end)
     step_estimate: np.ndarray  # [steps] float64: entropy estimate that chose the tree (nan: oracle)
 
-    @property
-    def tokens_per_second(self) -> float:
-        return _rate(self.tokens, self.time_ms)
-
-    @property
-    def mean_accept_length(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
-
-    @property
-    def speedup_vs_autoregressive(self) -> float:
-        return self.autoregressive_ms / self.time_ms if self.time_ms > 0 else 1.0
 
     @property
     def autoregressive_tokens_per_second(self) -> float:
