@@ -89,6 +89,25 @@ class ConditionedResBlock(nn.Module):
         return self.residual(x) + F.silu(self.linear(x))
 
 
+# Below this many rows, ``weight @ features.T`` beats ``F.linear`` by about 3x on CPU for a
+# vocabulary-sized weight (measured: 4 rows x 576 -> 49152, 11 ms vs 40 ms on 2 cores).
+_FEW_ROWS = 64
+
+
+def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(features, weight, bias)`` [N, out], with a faster kernel for few rows.
+
+    Drafting projects a handful of rows onto the vocabulary every step; the results differ from
+    ``F.linear`` by float rounding only (~1e-5), which can reorder near-tied candidates but never
+    changes what verification accepts.
+    """
+    few = features.dim() == 2 and features.shape[0] <= _FEW_ROWS
+    if few and not (features.requires_grad or weight.requires_grad):
+        out = (weight @ features.T).T
+        return out + bias if bias is not None else out
+    return F.linear(features, weight, bias)
+
+
 class DraftHeads(nn.Module):
     """Base class of the draft heads; see the module docstring for the semantics."""
 
@@ -159,8 +178,7 @@ class DraftHeads(nn.Module):
         if vocab_ids is not None:
             weight = weight[vocab_ids]
             bias = bias[vocab_ids] if bias is not None else None
-        features = features.to(weight.dtype)
-        return F.linear(features, weight, bias)
+        return project_rows(features.to(weight.dtype), weight, bias)
 
     def head_logits(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
         """[N, vocab_size] logits of head ``depth`` (1-based).

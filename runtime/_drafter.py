@@ -8,8 +8,8 @@ node's path prefix, so they run level by level, batched over the level's distinc
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from entmtp.calibrate._heads import project_rows
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan
@@ -76,7 +76,7 @@ def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> t
     if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
         features = torch.cat([heads.head_features(d, hidden, None) for d in range(1, depth + 1)])
         weight, bias = heads.projection_weight(1)
-        return F.linear(features.to(weight.dtype), weight, bias)
+        return project_rows(features.to(weight.dtype), weight, bias)
     if hasattr(heads, "all_head_logits"):
         return heads.all_head_logits(hidden)[:depth, 0]
     return torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)])
