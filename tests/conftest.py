@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,21 @@ def tiny_medusa_dir(tiny_model_dir, tmp_path_factory) -> Path:
 def tiny_hydra_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return make_tiny_heads_dir(tiny_model_dir, tmp_path_factory.mktemp("heads") / "hydra",
                                head_type="hydra")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Run torch on one intra-op thread in tests that use it.
+
+    The tests' models are tiny (or the default model on a 2-core machine): a second thread
+    only adds synchronisation cost, and on a busy machine several times more. Tests that never
+    import torch are left alone.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -30,15 +30,6 @@ HIDDEN, VOCAB = 32, 128
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: a second thread only adds synchronisation cost on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def base():
     return make_tiny_llama()

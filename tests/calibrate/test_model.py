@@ -51,15 +51,6 @@ def tiny_tokenizer(*, chat: bool = False):
     return tokenizer
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny forwards: a second intra-op thread only adds contention on a shared CPU
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "cache"

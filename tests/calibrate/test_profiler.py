@@ -24,15 +24,6 @@ from support import make_tiny_llama
 VOCAB, HIDDEN = 128, 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny forwards: a second intra-op thread only adds contention on a shared CPU
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class StandInHeads(torch.nn.Module):
     """Random heads with exactly the DraftHeads interface (until calibrate/_heads.py lands).
 

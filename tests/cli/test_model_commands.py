@@ -50,15 +50,6 @@ def assert_one_line_error(result, *needles: str) -> None:
         assert needle in lines[0], result.output
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run several times faster on one thread (and the CPU is shared)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def write_prompts(path: Path, prompts: list[str]) -> Path:
     path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
                             for i, p in enumerate(prompts)))

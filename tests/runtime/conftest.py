@@ -154,15 +154,6 @@ def oracle_profile(model, prompt: torch.Tensor, continuation: list[int], ranks: 
     return Profile(meta, [trace])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run several times faster on one thread (and the CPU is shared)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
 def rt() -> SimpleNamespace:
     return SimpleNamespace(
