@@ -75,6 +75,17 @@ def calib(tiny_model_dir, tiny_medusa_dir, tmp_path_factory) -> Calibration:
 
 
 # -- running the command --------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_for_the_module():
+    """The reference run (a module fixture) and every comparison run use one torch thread."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def invoke(args: list[str], *, env: dict[str, str | None] | None = None):
     result = runner.invoke(app, args, env={"WORLD_SIZE": None, "RANK": None, **(env or {})})
     assert result.exit_code == 0, (result.output, result.exception)
@@ -83,7 +94,9 @@ def invoke(args: list[str], *, env: dict[str, str | None] | None = None):
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # Same thread count as the in-process runs: float reductions depend on it, and the tests
+    # compare profiles bit for bit.
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     with open(log, "wb") as sink:  # a file, not a pipe: a full pipe would block the process
         return subprocess.Popen([*ENTMTP, *args], stdout=sink, stderr=subprocess.STDOUT,
                                 env=env)
