@@ -443,8 +443,7 @@ def retarget_run(
     if not unchanged:
         atomic_write(target.profile, lambda handle: handle.write(profile_bytes))
         target_latency.save(target.latency)
-    search_stage(target, settings, console=console, task=str(front.get("task") or "custom"),
-                 force=not unchanged)
+    search_stage(target, settings, console=console, task=str(front.get("task") or "custom"))
     return target
 
 

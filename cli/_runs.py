@@ -3,6 +3,7 @@ finished stage is reused by the next run of the same command and an interrupted 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import sys
@@ -81,6 +82,15 @@ def load_front(run: RunDir) -> dict:
         raise EntmtpError(f"{run.front} is unreadable ({err}); delete it and re-run") from err
 
 
+def _inputs_digest(run: RunDir) -> str:
+    """sha256 over the search stage's inputs: the profile and the latency model."""
+    digest = hashlib.sha256()
+    for path in (run.profile, run.latency):
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def search_stage(
     run: RunDir,
     settings: SearchSettings,
@@ -89,21 +99,24 @@ def search_stage(
     task: str,
     force: bool = False,
 ) -> Path:
-    """profile.npz + latency.json -> front.json, acceptance.json, bundle.json, report.md."""
-    settings_json = asdict(settings)
-    if not force and run.bundle.exists() and run.front.exists():
-        try:
-            previous = json.loads(run.front.read_text()).get("settings")
-        except (OSError, json.JSONDecodeError):
-            previous = None
-        if previous == settings_json:
-            load_bundle(run.bundle)  # a finished stage must still be a valid bundle
-            console.print(f"[dim]search: reusing {run.bundle}[/dim]")
-            return run.bundle
+    """profile.npz + latency.json -> front.json, acceptance.json, bundle.json, report.md.
+
+    A finished stage is reused only when its settings and both input files are unchanged.
+    """
     if not run.profile.exists():
         raise EntmtpError(f"{run.root} has no profile.npz: profile first (entmtp calibrate)")
     if not run.latency.exists():
         raise EntmtpError(f"{run.root} has no latency.json: measure latency first")
+    stamp = {"settings": asdict(settings), "inputs": _inputs_digest(run)}
+    if not force and run.bundle.exists() and run.front.exists():
+        try:
+            previous = json.loads(run.front.read_text())
+        except (OSError, json.JSONDecodeError):
+            previous = {}
+        if all(previous.get(key) == value for key, value in stamp.items()):
+            load_bundle(run.bundle)  # a finished stage must still be a valid bundle
+            console.print(f"[dim]search: reusing {run.bundle}[/dim]")
+            return run.bundle
     profile = Profile.load(run.profile)
     latency = LatencyModel.load(run.latency)
     with console.status(
@@ -115,7 +128,7 @@ def search_stage(
         outcome, profile, latency, command=command_line(), version=entmtp_version()
     )
     front = outcome_to_json(outcome, task=task)
-    front["settings"] = settings_json
+    front.update(stamp)
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
     report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
                              topk=profile.meta.topk)

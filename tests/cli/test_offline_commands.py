@@ -126,3 +126,18 @@ def test_pareto_runs_the_search_when_only_profile_and_latency_exist(tmp_path):
     assert (tmp_path / "front.json").is_file() and (tmp_path / "bundle.json").is_file()
     report = (tmp_path / "report.md").read_text()
     assert "Independence model" in report and "mc_sim_7b_63" in report
+
+
+def test_a_changed_latency_model_is_searched_again(tmp_path):
+    out = tmp_path / "run"
+    args = ["demo", "--out", str(out), "--schedule-trials", "4"]
+    assert runner.invoke(app, args).exit_code == 0
+    first = load_bundle(out / "bundle.json")
+    # Same command, other hardware: the stage must not be reused with the old latency model.
+    args_gpu = [*args, "--latency", "gpu"]
+    result = runner.invoke(app, args_gpu)
+    assert result.exit_code == 0, result.output
+    assert "reusing" not in result.output
+    second = load_bundle(out / "bundle.json")
+    assert second.latency == LatencyModel.gpu_like()
+    assert first.latency == LatencyModel.cpu_like()
