@@ -17,7 +17,12 @@ from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._profile import ProfileMeta, Trace
 from entmtp.treesearch._replay import ReplayResult
 
-from ._model_setup import HEAD_TYPES, resolve_heads
+from ._model_setup import (  # noqa: F401 - re-exported for the live commands
+    HEAD_TYPES,
+    load_base,
+    load_heads_for,
+    quiet_transformers,
+)
 
 # Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
 REFERENCE_TOPK = 10
@@ -35,27 +40,6 @@ def read_bundle(source: Path) -> tuple[Path, Bundle]:
 def bundle_schedule(bundle: Bundle) -> Schedule:
     """The bundle's entropy schedule as the replay and the runtime scheduler take it."""
     return Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
-
-
-def quiet_transformers() -> None:
-    """No transformers progress bars: the commands show their own, and errors stay one line."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def load_base(model: str | None):
-    from entmtp.calibrate._model import load_base_model
-
-    quiet_transformers()
-    return load_base_model(model)
-
-
-def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
-    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type``."""
-    from entmtp.calibrate._heads import load_heads
-
-    return load_heads(resolve_heads(heads, head_type, model), base.model)
 
 
 def check_bundle_fits(bundle: Bundle, base, heads) -> None:

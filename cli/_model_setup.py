@@ -38,12 +38,33 @@ def resolve_heads(heads: str | None, head_type: str, model: str | None) -> Path:
     return shipped_heads_path(head_type)
 
 
-def load_model_and_heads(model: str | None, heads: str | None, head_type: str):
-    """(BaseModel, DraftHeads) for the options; the default model with its shipped heads."""
-    heads_path = resolve_heads(heads, head_type, model)
-    from entmtp.calibrate._heads import load_heads
+def quiet_transformers() -> None:
+    """No transformers progress bars: the commands show their own, and errors stay one line."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_base(model: str | None):
+    """The base model of ``--model`` (the default SmolLM2 GGUF when None)."""
     from entmtp.calibrate._model import load_base_model
 
-    base = load_base_model(model)
-    # A checkpoint declares its own head type; --head-type only picks the shipped default.
-    return base, load_heads(heads_path, base.model)
+    quiet_transformers()
+    return load_base_model(model)
+
+
+def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
+    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type``."""
+    from entmtp.calibrate._heads import load_heads
+
+    return load_heads(resolve_heads(heads, head_type, model), base.model)
+
+
+def load_model_and_heads(model: str | None, heads: str | None, head_type: str):
+    """(BaseModel, DraftHeads) for the options; the default model with its shipped heads.
+
+    A checkpoint declares its own head type; ``head_type`` only picks the shipped default.
+    """
+    resolve_heads(heads, head_type, model)  # option errors before the slow model load
+    base = load_base(model)
+    return base, load_heads_for(base, heads, head_type, model)
