@@ -2,10 +2,16 @@
 
 A timed step is what a live decoding step costs: drafting with the heads, the verification
 forward, greedy acceptance, cache compaction and the entropies of the accepted path. Each tree is
-timed at several KV-cache lengths (a random prompt of that length), ``warmup`` untimed steps then
-the median of ``repeats``; after every step the cache is cut back, so all repeats see the same
-context. Trees per node budget: a chain-like one (as deep as the heads allow) and a wide one (as
-shallow as the top-k allows), plus any trees given.
+timed at several KV-cache lengths (a random prompt of that length); after every step the cache is
+cut back, so all repeats see the same context. Trees per node budget: a chain-like one (as deep as
+the heads allow) and a wide one (as shallow as the top-k allows), plus any trees given.
+
+Timing is interleaved: each round times one step of every tree (and one plain decode step), so a
+slow spell of a shared machine lands on all trees alike instead of on whichever tree was being
+timed; ``warmup`` untimed rounds come first. A point's time is the trimmed mean of its ``repeats``
+(``TRIM`` cut at each end): the mean, because a decode's time is the sum of its steps, trimmed so
+that one stray pause does not move it. The median used before sat below the live mean on a loaded
+machine (steps have a long right tail), so bundles over-promised tokens/s.
 """
 
 from __future__ import annotations
@@ -30,6 +36,19 @@ from ._verify import forward_tokens, greedy_accept
 
 DEFAULT_NODE_COUNTS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
+DEFAULT_REPEATS = 10
+TRIM = 0.1  # fraction of a point's timed steps cut at each end before the mean
+
+
+def trimmed_mean(times: Sequence[float], trim: float = TRIM) -> float:
+    """Mean of ``times`` without the ``floor(trim * n)`` smallest and largest values."""
+    if not times:
+        raise EntmtpError("no timings to average")
+    if not 0.0 <= trim < 0.5:
+        raise EntmtpError(f"trim must be in [0, 0.5), got {trim}")
+    ordered = sorted(float(t) for t in times)
+    cut = int(trim * len(ordered))
+    return statistics.fmean(ordered[cut: len(ordered) - cut])
 
 
 def budget_tree(num_nodes: int, depth: int, *, topk: int, num_heads: int) -> Tree:
@@ -106,7 +125,7 @@ def profile_latency(
     node_counts: Sequence[int] = DEFAULT_NODE_COUNTS,
     depths: Sequence[int] | None = None,
     context_lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
-    repeats: int = 5,
+    repeats: int = DEFAULT_REPEATS,
     warmup: int = 2,
     trees: Iterable[Tree] | None = None,
     topk: int = 10,
@@ -137,6 +156,7 @@ def profile_latency(
     vocab = model.get_output_embeddings().weight.shape[0]
     rows: list[tuple[int, int, float]] = []
     autoregressive: dict[int, float] = {}
+    plans = [decoder.plan(tree) for tree in measured]
     for length in context_lengths:
         prompt = torch.randint(0, vocab, (int(length),), generator=generator)
         state, _ = decoder.prefill(prompt, lambda logits: int(logits.argmax()))
@@ -146,39 +166,44 @@ def profile_latency(
             truncate_cache(state.cache, length)
             state.past_len, state.pending, state.hidden = saved
 
-        for tree in measured:
-            plan = decoder.plan(tree)
-            times = []
-            for run in range(warmup + repeats):
-                start = clock.now()
-                with torch.inference_mode():
-                    outcome = decoder.step(state, plan, greedy_accept)
-                    decoder.commit(state, outcome, outcome.path)
-                    entropy_from_logits(outcome.logits[outcome.path]).tolist()
-                elapsed = clock.now() - start
-                restore()
-                if run >= warmup:
-                    times.append(elapsed)
-            rows.append((tree.num_nodes, tree.depth, statistics.median(times)))
+        def tree_step(plan, state: DecodingState = state) -> float:
+            start = clock.now()
+            with torch.inference_mode():
+                outcome = decoder.step(state, plan, greedy_accept)
+                decoder.commit(state, outcome, outcome.path)
+                entropy_from_logits(outcome.logits[outcome.path]).tolist()
+            return clock.now() - start
 
-        times = []
-        for run in range(warmup + repeats):
+        def plain_step(state: DecodingState = state) -> float:
             start = clock.now()
             with torch.inference_mode():
                 step_input = torch.tensor([[state.pending]], device=decoder.device)
                 _, logits = forward_tokens(model, state.cache, step_input)
                 int(logits[-1].argmax())
-            elapsed = clock.now() - start
+            return clock.now() - start
+
+        times: list[list[float]] = [[] for _ in plans]
+        plain: list[float] = []
+        for round_index in range(warmup + repeats):
+            for i, plan in enumerate(plans):
+                elapsed = tree_step(plan)
+                restore()
+                if round_index >= warmup:
+                    times[i].append(elapsed)
+            elapsed = plain_step()
             restore()
-            if run >= warmup:
-                times.append(elapsed)
-        autoregressive[int(length)] = statistics.median(times)
+            if round_index >= warmup:
+                plain.append(elapsed)
+        rows += [(tree.num_nodes, tree.depth, trimmed_mean(t)) for tree, t in zip(
+            measured, times, strict=True)]
+        autoregressive[int(length)] = trimmed_mean(plain)
 
     hardware = {
         **hardware_info(model),
         "context_lengths": [int(c) for c in context_lengths],
         "repeats": int(repeats),
         "warmup": int(warmup),
+        "statistic": f"trimmed mean ({TRIM:.0%} cut at each end) of interleaved rounds",
         "topk": int(topk),
         "head_type": getattr(heads, "head_type", ""),
         "num_heads": int(heads.num_heads),

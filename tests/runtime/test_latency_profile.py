@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
-from entmtp.runtime._latency_profile import budget_tree, profile_latency
+from entmtp.runtime._latency_profile import budget_tree, profile_latency, trimmed_mean
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree
@@ -58,6 +59,7 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
         assert key in hardware
     assert hardware["torch"] == torch.__version__ and hardware["dtype"] == "float32"
     assert set(hardware["autoregressive_ms_by_context"]) == {"8", "24"}
+    assert "trimmed mean" in hardware["statistic"]
     path = latency.save(tmp_path / "latency.json")
     assert LatencyModel.load(path) == LatencyModel.from_json(json.loads(path.read_text()))
     assert LatencyModel.load(path).to_json() == latency.to_json()
@@ -72,3 +74,41 @@ def test_profile_latency_rejects_bad_options(rt):
         profile_latency(model, heads, node_counts=(1,), context_lengths=(600,))
     with pytest.raises(EntmtpError, match="does not fit"):
         profile_latency(model, heads, node_counts=(200,), topk=3)
+
+
+def test_trimmed_mean_cuts_the_same_count_at_each_end():
+    rng = np.random.default_rng(0)
+    for n in range(1, 30):
+        times = list(rng.exponential(10.0, size=n))
+        cut = int(0.1 * n)
+        kept = sorted(times)[cut: n - cut]
+        assert trimmed_mean(times) == pytest.approx(sum(kept) / len(kept))
+    assert trimmed_mean([5.0] * 9 + [5000.0]) == pytest.approx(5.0)  # one stray pause is cut
+    assert trimmed_mean([1.0, 2.0, 3.0], trim=0.0) == pytest.approx(2.0)
+    with pytest.raises(EntmtpError, match="no timings"):
+        trimmed_mean([])
+    with pytest.raises(EntmtpError, match="trim"):
+        trimmed_mean([1.0], trim=0.5)
+
+
+def test_profile_latency_interleaves_trees_round_by_round(rt, monkeypatch):
+    from entmtp.runtime import _latency_profile
+
+    stepped = []
+    original = _latency_profile.SpeculativeDecoder.step
+
+    def recording_step(self, state, plan, accept):
+        stepped.append(id(plan))
+        return original(self, state, plan, accept)
+
+    monkeypatch.setattr(_latency_profile.SpeculativeDecoder, "step", recording_step)
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    profile_latency(model, heads, node_counts=(1, 3, 5), depths=(1,), context_lengths=(8, 16),
+                    repeats=3, warmup=1, topk=3)
+    trees = len(set(stepped))
+    assert trees == 3
+    one_round = stepped[:trees]
+    rounds = len(stepped) // trees
+    assert rounds == 2 * (1 + 3)  # (warmup + repeats) rounds at each of two context lengths
+    assert stepped == one_round * rounds  # every round times each tree once, in the same order
