@@ -46,6 +46,7 @@ ProgressCallback = Callable[[int, int], None]  # (generated tokens so far, promp
 class ScoredTrajectory:
     entropy: np.ndarray  # [generated] float32, nats
     ranks: np.ndarray  # [generated, heads] int16, -1 = miss / past the end
+    draft_entropy: np.ndarray  # [generated] float32, nats: head 1's entropy at each state
 
 
 # -- sharding --------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def profile_prompts(
             scored = score_trajectories(base.model, heads, prompt_ids, generated, topk=topk)
             for (prompt, ids), result in zip(batch, scored, strict=True):
                 trace = Trace(prompt.index, prompt.prompt_id, result.entropy, result.ranks,
-                              prompt_length=len(ids))
+                              prompt_length=len(ids), draft_entropy=result.draft_entropy)
                 if folder is not None:
                     _write_trace(folder, trace, ids, settings)
                 traces[prompt.index] = trace
@@ -259,15 +260,25 @@ def score_trajectory(
     entropy = torch.cat([entropy_from_logits(lm_head(chunk))
                          for chunk in states.split(_HEAD_CHUNK)])
     ranks = torch.full((count, heads.num_heads), -1, dtype=torch.long, device=device)
-    for depth in range(1, min(heads.num_heads, count - 1) + 1):
-        positions = torch.arange(count - depth, device=device)  # those with a token i + depth
+    draft_entropy = torch.zeros(count, dtype=torch.float32, device=device)
+    for depth in range(1, heads.num_heads + 1):
+        # depth 1 at every position (its entropy is the drafter's confidence there); ranks only
+        # where a token i + depth exists
+        positions = torch.arange(count if depth == 1 else max(count - depth, 0), device=device)
+        if len(positions) == 0:
+            continue
         for chunk in positions.split(_HEAD_CHUNK):
             prefix = None
             if heads.head_type == "hydra":  # root token i, then the true tokens i+1 .. i+depth-1
                 prefix = tokens[chunk[:, None] + torch.arange(depth, device=device)]
             logits = heads.head_logits(depth, states[chunk], prefix)
-            ranks[chunk, depth - 1] = topk_ranks(logits, tokens[chunk + depth], topk)
-    return ScoredTrajectory(entropy.float().cpu().numpy(), ranks.cpu().numpy().astype(np.int16))
+            if depth == 1:
+                draft_entropy[chunk] = entropy_from_logits(logits).float()
+            scored = chunk[chunk + depth < count]
+            ranks[scored, depth - 1] = topk_ranks(logits[: len(scored)],
+                                                  tokens[scored + depth], topk)
+    return ScoredTrajectory(entropy.float().cpu().numpy(), ranks.cpu().numpy().astype(np.int16),
+                            draft_entropy.cpu().numpy())
 
 
 # -- resume: one small file per finished prompt ----------------------------------------------
@@ -276,7 +287,7 @@ def _settings_key(base: BaseModel, meta: ProfileMeta) -> str:
         "model": model_fingerprint(base), "eos": sorted(base.eos_token_ids),
         "dtype": meta.extra.get("dtype"), "head_type": meta.head_type,
         "num_heads": meta.num_heads, "heads_sha256": meta.heads_sha256, "topk": meta.topk,
-        "max_new_tokens": meta.max_new_tokens,
+        "max_new_tokens": meta.max_new_tokens, "fields": ["entropy", "ranks", "draft_entropy"],
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
@@ -296,6 +307,7 @@ def _write_trace(folder: Path, trace: Trace, ids: Sequence[int], settings: str) 
         "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
         "entropy": trace.entropy,
         "ranks": trace.ranks,
+        "draft_entropy": trace.draft_entropy,
     }
     atomic_write(_trace_path(folder, trace.prompt_index),
                  lambda handle: np.savez(handle, **arrays))
@@ -311,13 +323,15 @@ def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: 
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(bytes(data["header"]).decode("utf-8"))
             entropy, ranks = data["entropy"], data["ranks"]
+            draft = data["draft_entropy"]
     except (OSError, ValueError, KeyError, json.JSONDecodeError):
         return None  # unreadable: profile the prompt again and overwrite it
     expected = {"format_version": _SHARD_FORMAT_VERSION, "settings": settings,
                 "prompt_id": prompt.prompt_id, "prompt_tokens": _tokens_key(ids)}
     if header != expected:
         return None
-    return Trace(prompt.index, prompt.prompt_id, entropy, ranks, prompt_length=len(ids))
+    return Trace(prompt.index, prompt.prompt_id, entropy, ranks, prompt_length=len(ids),
+                 draft_entropy=draft)
 
 
 # -- progress ---------------------------------------------------------------------------------

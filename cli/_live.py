@@ -38,8 +38,8 @@ def read_bundle(source: Path) -> tuple[Path, Bundle]:
 
 
 def bundle_schedule(bundle: Bundle) -> Schedule:
-    """The bundle's entropy schedule as the replay and the runtime scheduler take it."""
-    return Schedule(tuple(bundle.trees), tuple(bundle.thresholds), bundle.entropy.estimator)
+    """The bundle's entropy schedule (in nats) as the replay and the runtime scheduler take it."""
+    return bundle.schedule()
 
 
 def check_bundle_fits(bundle: Bundle, base, heads) -> None:
@@ -286,7 +286,8 @@ def profile_trajectories(
             )
             for i, result in zip(chunk, scored, strict=True):
                 traces.append(Trace(prompts[i].index, prompts[i].prompt_id, result.entropy,
-                                    result.ranks, prompt_length=len(prompts[i].ids)))
+                                    result.ranks, prompt_length=len(prompts[i].ids),
+                                    draft_entropy=result.draft_entropy))
     meta = ProfileMeta(
         model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
         head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),

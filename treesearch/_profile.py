@@ -4,7 +4,9 @@ Position ``i`` of a trace is the decoding state whose pending (base-model) token
 token ``i``: ``entropy[i]`` is the base model's entropy (nats) of the distribution that token was
 drawn from, and ``ranks[i, j-1]`` is the rank of generated token ``i + j`` in head ``j``'s top-k at
 that state (Hydra: with the true tokens as the drafted prefix); -1 means outside the top-k or past
-the end of the trajectory.
+the end of the trajectory. ``draft_entropy[i]`` (optional: profiles written before it existed lack
+it) is the entropy (nats) of head 1's distribution at that state (Hydra: with token ``i`` as its
+prefix): the drafter's own confidence in its first level, known before the step's tree is chosen.
 
 Storage is one uncompressed ``.npz`` (no pickle): concatenated arrays plus offsets and a JSON
 metadata blob. ``np.load`` reads members on first access, so opening a profile is cheap.
@@ -38,10 +40,18 @@ class Trace:
     entropy: np.ndarray  # [positions] float32, nats
     ranks: np.ndarray  # [positions, heads] int16, -1 = miss
     prompt_length: int = 0  # prompt tokens (context length at the first position)
+    draft_entropy: np.ndarray | None = None  # [positions] float32, nats: head 1's entropy
 
     def __post_init__(self) -> None:
         self.entropy = np.asarray(self.entropy, dtype=np.float32)
         self.ranks = np.asarray(self.ranks, dtype=np.int16)
+        if self.draft_entropy is not None:
+            self.draft_entropy = np.asarray(self.draft_entropy, dtype=np.float32)
+            if self.draft_entropy.shape != self.entropy.shape:
+                raise EntmtpError(
+                    f"trace {self.prompt_id}: {self.draft_entropy.shape} draft entropies for "
+                    f"{len(self.entropy)} positions"
+                )
         if self.ranks.ndim != 2 or self.entropy.ndim != 1:
             raise EntmtpError(
                 f"trace {self.prompt_id}: entropy must be 1-D and ranks 2-D [positions, heads]"
@@ -108,6 +118,21 @@ class Profile:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate([t.entropy for t in self.traces])
 
+    @property
+    def has_draft_entropy(self) -> bool:
+        return all(t.draft_entropy is not None for t in self.traces)
+
+    def draft_entropy(self) -> np.ndarray:
+        """All positions' head-1 entropies, traces concatenated: [positions] float32."""
+        if not self.has_draft_entropy:
+            raise EntmtpError(
+                "this profile has no draft (head 1) entropies: it was written by an older "
+                "entmtp; re-run `entmtp calibrate` to profile them"
+            )
+        if not self.traces:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate([t.draft_entropy for t in self.traces])
+
     def ranks(self) -> np.ndarray:
         """All positions' rank vectors, traces concatenated: [positions, heads] int16."""
         if not self.traces:
@@ -136,6 +161,8 @@ class Profile:
             "entropy": self.entropy(),
             "ranks": self.ranks().astype(np.int16),
         }
+        if self.traces and self.has_draft_entropy:
+            arrays["draft_entropy"] = self.draft_entropy()
         return atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
     @classmethod
@@ -151,6 +178,7 @@ class Profile:
                 prompt_length = data["prompt_length"]
                 entropy = data["entropy"]
                 ranks = data["ranks"]
+                draft = data["draft_entropy"] if "draft_entropy" in data.files else None
         # A cut-off .npz fails in zipfile (BadZipFile, EOFError), not only with OSError.
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise EntmtpError(
@@ -179,6 +207,7 @@ class Profile:
                 entropy=entropy[offsets[i] : offsets[i + 1]],
                 ranks=ranks[offsets[i] : offsets[i + 1]],
                 prompt_length=int(prompt_length[i]),
+                draft_entropy=None if draft is None else draft[offsets[i] : offsets[i + 1]],
             )
             for i in range(len(prompt_index))
         ]

@@ -91,7 +91,7 @@ def reference_trace(base: BaseModel, heads, ids: list[int], *, max_new_tokens, t
             generated.append(token)
             if token in eos:
                 break
-        entropies, rank_rows = [], []
+        entropies, rank_rows, draft_entropies = [], [], []
         for i in range(len(generated)):
             prefix = torch.tensor([ids + generated[:i]])
             logits = model(prefix).logits[0, -1]
@@ -109,8 +109,11 @@ def reference_trace(base: BaseModel, heads, ids: list[int], *, max_new_tokens, t
                 above = int((head > head[generated[i + depth]]).sum())
                 row.append(above if above < topk else -1)
             rank_rows.append(row)
+            first = heads.head_logits(1, hidden, torch.tensor([generated[i : i + 1]]))[0]
+            q = torch.softmax(first.double(), -1)
+            draft_entropies.append(float(-(q * q.log()).sum()))
     ranks = np.array(rank_rows, dtype=np.int16).reshape(-1, heads.num_heads)
-    return generated, np.array(entropies), ranks
+    return generated, np.array(entropies), ranks, np.array(draft_entropies)
 
 
 @pytest.mark.parametrize(("head_type", "topk"), [("medusa", 40), ("hydra", 40), ("medusa", 3)])
@@ -126,11 +129,13 @@ def test_profile_matches_per_position_reference(head_type, topk):
     lengths = set()
     for prompt, trace in zip(PROMPTS, profile.traces, strict=True):
         ids = base.encode_prompt(prompt.text)
-        generated, entropy, ranks = reference_trace(base, heads, ids, max_new_tokens=9, topk=topk)
+        generated, entropy, ranks, draft = reference_trace(base, heads, ids, max_new_tokens=9,
+                                                           topk=topk)
         lengths.add(len(generated))
         assert trace.prompt_id == prompt.prompt_id and trace.prompt_length == len(ids)
         np.testing.assert_allclose(trace.entropy, entropy, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(trace.ranks, ranks)
+        np.testing.assert_allclose(trace.draft_entropy, draft, rtol=1e-5, atol=1e-5)
     assert len(lengths) > 1  # EOS cut some trajectories short
     assert profile.meta.head_type == head_type and profile.meta.topk == topk
     assert profile.meta.heads_sha256 == heads.sha256() and profile.meta.max_new_tokens == 9
@@ -147,9 +152,10 @@ def test_profile_with_the_real_draft_heads(head_type):
     profile = profile_prompts(base, heads, PROMPTS[:3], max_new_tokens=6, topk=30)
     for prompt, trace in zip(PROMPTS, profile.traces, strict=False):
         ids = base.encode_prompt(prompt.text)
-        _, entropy, ranks = reference_trace(base, heads, ids, max_new_tokens=6, topk=30)
+        _, entropy, ranks, draft = reference_trace(base, heads, ids, max_new_tokens=6, topk=30)
         np.testing.assert_allclose(trace.entropy, entropy, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(trace.ranks, ranks)
+        np.testing.assert_allclose(trace.draft_entropy, draft, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

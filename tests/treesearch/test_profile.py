@@ -12,7 +12,8 @@ from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace, merge_profiles
 
 
-def make_profile(num_traces: int = 5, heads: int = 3, seed: int = 0) -> Profile:
+def make_profile(num_traces: int = 5, heads: int = 3, seed: int = 0, *,
+                 draft: bool = True) -> Profile:
     rng = np.random.default_rng(seed)
     traces = []
     for i in range(num_traces):
@@ -24,6 +25,7 @@ def make_profile(num_traces: int = 5, heads: int = 3, seed: int = 0) -> Profile:
                 entropy=rng.gamma(2.0, 1.0, positions).astype(np.float32),
                 ranks=rng.integers(-1, 10, size=(positions, heads)),
                 prompt_length=int(rng.integers(1, 500)),
+                draft_entropy=rng.gamma(1.5, 1.0, positions) if draft else None,
             )
         )
     meta = ProfileMeta(model="m", vocab_size=128, hidden_size=32, num_heads=heads, task="code",
@@ -42,6 +44,11 @@ def assert_same(a: Profile, b: Profile) -> None:
         assert x.entropy.dtype == y.entropy.dtype and x.ranks.dtype == y.ranks.dtype
         np.testing.assert_array_equal(x.entropy, y.entropy)
         np.testing.assert_array_equal(x.ranks, y.ranks)
+        if x.draft_entropy is None:
+            assert y.draft_entropy is None
+        else:
+            assert y.draft_entropy.dtype == np.float32
+            np.testing.assert_array_equal(x.draft_entropy, y.draft_entropy)
 
 
 def test_save_load_round_trip_is_exact(tmp_path) -> None:
@@ -51,6 +58,21 @@ def test_save_load_round_trip_is_exact(tmp_path) -> None:
     assert loaded.num_positions == profile.num_positions
     np.testing.assert_array_equal(loaded.ranks(), profile.ranks())
     np.testing.assert_array_equal(loaded.entropy(), profile.entropy())
+
+
+def test_profile_without_draft_entropy_round_trips_and_says_so(tmp_path) -> None:
+    old = make_profile(draft=False)
+    loaded = Profile.load(old.save(tmp_path / "old.npz"))
+    assert_same(old, loaded)
+    assert not loaded.has_draft_entropy
+    with pytest.raises(EntmtpError, match="no draft"):
+        loaded.draft_entropy()
+    with_draft = make_profile()
+    assert with_draft.has_draft_entropy
+    np.testing.assert_array_equal(
+        with_draft.draft_entropy(), np.concatenate([t.draft_entropy for t in with_draft.traces]))
+    with pytest.raises(EntmtpError, match="draft entropies"):
+        Trace(0, "x", np.zeros(3), np.zeros((3, 2)), draft_entropy=np.zeros(2))
 
 
 def test_empty_profile_round_trips(tmp_path) -> None:
