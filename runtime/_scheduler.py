@@ -12,10 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
+
+if TYPE_CHECKING:
+    from entmtp.treesearch._bundle import Bundle
+    from entmtp.treesearch._schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -55,28 +58,22 @@ class StaticScheduler:
 class BundleScheduler:
     """Entropy-switched trees: ``schedule.tree_index(estimate)`` picks from ``schedule.trees``.
 
-    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds, estimator); its estimator's
-    ``new_state()`` is used as is, so the live estimate is the one the offline replay computes.
-    ``entropy_scale`` multiplies every entropy (nats) before it is fed, e.g. ``1 / ln 2`` for a
-    schedule calibrated in bits.
+    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds in nats, estimator); its
+    estimator's ``new_state()`` is used as is, so the live estimate is the one the offline replay
+    computes from the same entropies (nats, as ``entropy_from_logits`` measures them).
     """
 
-    def __init__(self, schedule: Any, *, entropy_scale: float = 1.0) -> None:
+    def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self.trees = tuple(
             t if isinstance(t, Tree) else Tree.from_paths(t) for t in schedule.trees
         )
-        self.entropy_scale = float(entropy_scale)
         self._state = None
 
     @classmethod
-    def from_bundle(cls, bundle: Any) -> BundleScheduler:
-        """The schedule a treesearch ``Bundle`` ships (its trees, thresholds and estimator)."""
-        unit = bundle.entropy.unit
-        if unit not in ("nats", "bits"):
-            raise EntmtpError(f"bundle entropy unit {unit!r} is unknown: use nats or bits")
-        scale = 1.0 if unit == "nats" else 1.0 / math.log(2.0)
-        return cls(_BundleSchedule(bundle), entropy_scale=scale)
+    def from_bundle(cls, bundle: Bundle) -> BundleScheduler:
+        """The schedule a treesearch ``Bundle`` ships: ``bundle.schedule()``, in nats."""
+        return cls(bundle.schedule())
 
     def reset(self) -> None:
         self._state = self.schedule.estimator.new_state()
@@ -84,8 +81,6 @@ class BundleScheduler:
     def observe(self, entropies: Sequence[float]) -> None:
         if self._state is None:
             self.reset()
-        if self.entropy_scale != 1.0:
-            entropies = [float(h) * self.entropy_scale for h in entropies]
         self._state.update(entropies)
 
     def choose(self) -> TreeChoice:
@@ -94,13 +89,3 @@ class BundleScheduler:
         estimate = float(self._state.value)
         index = int(self.schedule.tree_index(estimate))
         return TreeChoice(index, self.trees[index], estimate)
-
-
-class _BundleSchedule:
-    """A bundle seen as a schedule (bundles allow repeated thresholds; ``Schedule`` does not)."""
-
-    def __init__(self, bundle: Any) -> None:
-        self.trees = tuple(bundle.trees)
-        self.thresholds = tuple(bundle.thresholds)
-        self.estimator = bundle.entropy.estimator
-        self.tree_index = bundle.tree_index_for

@@ -2,7 +2,8 @@
 
 A bundle (``format: "entmtp-bundle"``, integer ``format_version``) holds the trees, the entropy
 thresholds that switch between them (tree ``i`` serves running estimates in
-``[thresholds[i-1], thresholds[i])``), the estimator that produces the running estimate, the
+``[thresholds[i-1], thresholds[i])``, in ``entropy.unit``; equal neighbours leave a tree that is
+never chosen), the estimator that produces the running estimate, the
 model and heads it was calibrated for, and what the replay predicted. The JSON Schema ships as
 package data (``bundle.schema.json``); ``load_bundle`` checks it and then what a schema cannot
 (prefix-closed paths, ranks below top-k, depth within the heads, counts that match, finite
@@ -15,7 +16,6 @@ prediction used). Any other new field bumps ``format_version``.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import os
@@ -29,12 +29,14 @@ from ._atomic import atomic_write_text
 from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
+from ._schedule import Schedule
 from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
 BUNDLE_FORMAT_VERSION = 1
 HEAD_TYPES = ("medusa", "hydra")
 ENTROPY_UNITS = ("nats", "bits")
+_NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"
 _MAX_SHOWN = 120  # characters of an offending value quoted in an error
 
@@ -95,7 +97,7 @@ class Bundle:
     heads: HeadsInfo
     task: str
     entropy: EntropyInfo
-    thresholds: list[float]  # ascending, len(trees) - 1
+    thresholds: list[float]  # ascending (repeats allowed), len(trees) - 1, in entropy.unit
     trees: list[Tree]
     tree_stats: list[TreeStats]  # one per tree
     predicted: Predicted
@@ -121,12 +123,27 @@ class Bundle:
             )
         if any(b < a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
             raise EntmtpError(f"bundle: thresholds: {self.thresholds} must ascend")
+        nats_per_unit(self.entropy.unit)
+
+    def schedule(self) -> Schedule:
+        """The bundle's entropy schedule in nats: what the replay and the live scheduler use.
+
+        Profiles and the live decoder measure entropies in nats, so thresholds stored in bits
+        are converted here (and only here). Equal thresholds stay: that tree is never chosen.
+        """
+        scale = nats_per_unit(self.entropy.unit)
+        return Schedule(
+            tuple(self.trees),
+            tuple(t * scale for t in self.thresholds),
+            self.entropy.estimator,
+        )
 
     def tree_index_for(self, estimate: float) -> int:
-        """Index of the tree that serves a running entropy estimate."""
-        return bisect.bisect_right(self.thresholds, estimate)
+        """Index of the tree that serves a running entropy estimate in nats."""
+        return self.schedule().tree_index(estimate)
 
     def tree_for(self, estimate: float) -> Tree:
+        """The tree that serves a running entropy estimate in nats."""
         return self.trees[self.tree_index_for(estimate)]
 
     def check_compatible(
@@ -160,6 +177,16 @@ class Bundle:
                 f"bundle was made for heads with sha256 {self.heads.sha256[:12]}... but the "
                 f"loaded heads have {heads_sha256.lower()[:12]}...: {fix}"
             )
+
+
+def nats_per_unit(unit: str) -> float:
+    """Nats in one ``unit`` of entropy (``nats`` or ``bits``)."""
+    try:
+        return _NATS_PER_UNIT[unit]
+    except (KeyError, TypeError):
+        raise EntmtpError(
+            f"bundle: entropy.unit: {unit!r} is unknown: use one of {', '.join(ENTROPY_UNITS)}"
+        ) from None
 
 
 # -- JSON -------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """An entropy schedule: trees, the ascending thresholds that switch between them, an estimator.
 
 Tree ``i`` serves estimates in ``[t_{i-1}, t_i)`` (``t_{-1} = -inf``, ``t_{len} = +inf``), i.e.
-``tree_index(e) = bisect_right(thresholds, e)``.
+``tree_index(e) = bisect_right(thresholds, e)``. Thresholds may repeat: ``t_{i-1} == t_i`` is an
+empty interval, so tree ``i`` is never chosen (a bundle may say so, and converting a bundle's
+thresholds from bits to nats can round two close ones to one value).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ._tree import Tree
 @dataclass(frozen=True)
 class Schedule:
     trees: tuple[Tree, ...]
-    thresholds: tuple[float, ...] = ()  # strictly ascending, len(trees) - 1
+    thresholds: tuple[float, ...] = ()  # ascending (repeats allowed), len(trees) - 1
     estimator: EntropyEstimator = field(default_factory=EntropyEstimator.last)
 
     def __post_init__(self) -> None:
@@ -42,9 +44,9 @@ class Schedule:
             )
         if not all(math.isfinite(t) for t in thresholds):
             raise EntmtpError(f"schedule thresholds {list(thresholds)} must all be finite")
-        if any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
+        if any(b < a for a, b in zip(thresholds, thresholds[1:], strict=False)):
             raise EntmtpError(
-                f"schedule thresholds {list(thresholds)} must be strictly ascending"
+                f"schedule thresholds {list(thresholds)} must be ascending: sort them"
             )
         if not isinstance(self.estimator, EntropyEstimator):
             raise EntmtpError("schedule estimator must be an EntropyEstimator")
@@ -75,14 +77,18 @@ class Schedule:
         return self.trees[self.tree_index(estimate)]
 
     def merged(self) -> Schedule:
-        """The same mapping from estimates to trees with adjacent equal trees merged."""
-        trees = [self.trees[0]]
+        """The same mapping from estimates to trees, without never-chosen trees (empty
+        intervals) and with adjacent equal trees merged: thresholds strictly ascending."""
+        bounds = (-math.inf, *self.thresholds, math.inf)
+        trees: list[Tree] = []
         thresholds: list[float] = []
-        for threshold, tree in zip(self.thresholds, self.trees[1:], strict=True):
-            if tree == trees[-1]:
+        for i, tree in enumerate(self.trees):
+            lower, upper = bounds[i], bounds[i + 1]
+            if lower == upper or (trees and tree == trees[-1]):
                 continue
+            if trees:
+                thresholds.append(lower)
             trees.append(tree)
-            thresholds.append(threshold)
         return Schedule(tuple(trees), tuple(thresholds), self.estimator)
 
     # -- serialization ---------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Schedulers feed the estimator exactly as the offline replay does."""
+"""Schedulers feed the estimator exactly as the offline replay does; a bundle schedules in nats
+whatever unit it stores, the same way live and in replay."""
 
 from __future__ import annotations
 
@@ -8,8 +9,20 @@ import numpy as np
 import pytest
 
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.treesearch._bundle import (
+    Bundle,
+    CreatedBy,
+    EntropyInfo,
+    HeadsInfo,
+    ModelInfo,
+    Predicted,
+    TreeStats,
+)
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
+from entmtp.treesearch._replay import replay
 from entmtp.treesearch._schedule import Schedule
 from entmtp.treesearch._tree import Tree
 
@@ -50,28 +63,129 @@ def test_static_scheduler_always_serves_its_tree():
     assert choice.tree is TREES[1] and choice.index == 0 and math.isnan(choice.estimate)
 
 
-class _Entropy:
-    def __init__(self, unit):
-        self.unit, self.estimator = unit, EntropyEstimator.last()
+def _bundle(unit: str, thresholds, estimator: EntropyEstimator) -> Bundle:
+    return Bundle(
+        model=ModelInfo("tiny", 128, 32),
+        heads=HeadsInfo("medusa", 2, 2, "0" * 64),
+        task="code",
+        entropy=EntropyInfo("base_entropy", unit, estimator),
+        thresholds=list(thresholds),
+        trees=list(TREES),
+        tree_stats=[TreeStats(1.0, 20.0)] * len(TREES),
+        predicted=Predicted(1.0, 50.0, 1.0, 50.0),
+        hardware={},
+        created_by=CreatedBy("0", "test"),
+    )
 
 
-class _Bundle:
-    def __init__(self, unit):
-        self.trees, self.thresholds, self.entropy = list(TREES), [1.0, 1.0], _Entropy(unit)
+def _profile(seed: int) -> Profile:
+    """Random nats entropies and head ranks (heads 2, top-2) for a few trajectories."""
+    rng = np.random.default_rng(seed)
+    traces = []
+    for t in range(4):
+        n = int(rng.integers(20, 60))
+        ranks = np.where(rng.random((n, 2)) < 0.6, rng.integers(0, 2, (n, 2)), -1)
+        traces.append(Trace(t, f"p{t}", rng.gamma(2.0, 0.7, n), ranks))
+    return Profile(ProfileMeta(num_heads=2, topk=2), traces)
 
-    def tree_index_for(self, estimate):
-        import bisect
 
-        return bisect.bisect_right(self.thresholds, estimate)
+def _accept(tree: Tree, ranks_row) -> int:
+    depth = 0
+    while depth < len(ranks_row) and tuple(int(r) for r in ranks_row[: depth + 1]) in tree:
+        depth += 1
+    return 1 + depth
 
 
-def test_from_bundle_converts_units_and_allows_equal_thresholds():
-    nats = BundleScheduler.from_bundle(_Bundle("nats"))
-    nats.observe([0.9])
-    assert nats.choose().index == 0
-    bits = BundleScheduler.from_bundle(_Bundle("bits"))
-    bits.observe([0.9])  # 0.9 nats = 1.3 bits
-    choice = bits.choose()
-    assert choice.estimate == pytest.approx(0.9 / math.log(2)) and choice.index == 2
+def _hand_estimate(estimator: EntropyEstimator, seen: list[float]) -> float:
+    if estimator.kind == "ema":
+        value = seen[0]
+        for h in seen[1:]:
+            value = estimator.alpha * h + (1 - estimator.alpha) * value
+        return value
+    if estimator.kind == "window":
+        return math.fsum(seen[-estimator.size :]) / len(seen[-estimator.size :])
+    return seen[-1]
+
+
+def _walk(profile: Profile, choose_index) -> list[tuple[int, int, int]]:
+    """(trace, position, tree index) of every step; ``choose_index(trace, position, entropies
+    seen)`` picks the tree, the step then reveals the entropies of what it accepted."""
+    steps = []
+    for j, trace in enumerate(profile.traces):
+        entropy = [float(h) for h in trace.entropy]
+        last, i = len(entropy) - 1, 0
+        while i < last:
+            k = choose_index(j, i, entropy[: i + 1])
+            steps.append((j, i, k))
+            i += min(_accept(TREES[k], trace.ranks[i]), last - i)
+    return steps
+
+
+def _live_steps(profile: Profile, scheduler: BundleScheduler) -> list[tuple[int, int, int]]:
+    """The live decoder's bookkeeping: H_0 before the first step, then each step's entropies."""
+    fed: dict[int, int] = {}
+
+    def choose(j: int, i: int, seen: list[float]) -> int:
+        if fed.get(j) is None:
+            scheduler.reset()
+            fed[j] = 0
+        scheduler.observe(seen[fed[j] :])
+        fed[j] = len(seen)
+        return scheduler.choose().index
+
+    return _walk(profile, choose)
+
+
+def _replay_steps(profile: Profile, schedule: Schedule) -> list[tuple[int, int, int]]:
+    result = replay(profile, schedule, LatencyModel.cpu_like())
+    return list(zip(result.step_trace.tolist(), result.step_position.tolist(),
+                    result.step_tree.tolist(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "estimator", [EntropyEstimator.ema(0.4), EntropyEstimator.window(3), EntropyEstimator.last()]
+)
+def test_bits_and_nats_bundles_choose_the_same_trees_live_and_in_replay(estimator):
+    profile = _profile(7)
+    nats_thresholds = (1.0, 1.9)
+    nats = _bundle("nats", nats_thresholds, estimator)
+    bits = _bundle("bits", [t / math.log(2) for t in nats_thresholds], estimator)
+
+    def reference(j: int, i: int, seen: list[float]) -> int:  # thresholds in bits, by hand
+        estimate_bits = _hand_estimate(estimator, seen) / math.log(2)
+        return sum(1 for t in bits.thresholds if t <= estimate_bits)
+
+    expected = _walk(profile, reference)
+    assert len({k for _, _, k in expected}) == 3  # every tree serves some steps
+    for bundle in (nats, bits):
+        assert _replay_steps(profile, bundle.schedule()) == expected
+        assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+
+
+def test_from_bundle_schedules_in_nats_and_reports_nats_estimates():
+    bits = _bundle("bits", [1.0, 2.0], EntropyEstimator.last())
+    scheduler = BundleScheduler.from_bundle(bits)
+    assert scheduler.schedule == bits.schedule() and scheduler.trees == TREES
+    scheduler.observe([0.9])  # 0.9 nats = 1.30 bits: between the thresholds
+    choice = scheduler.choose()
+    assert choice.estimate == 0.9 and choice.index == 1 and choice.tree is TREES[1]
+
+
+def test_equal_thresholds_never_choose_the_tree_between_them():
+    profile = _profile(8)
+    bundle = _bundle("nats", [1.2, 1.2], EntropyEstimator.ema(0.5))
+
+    def reference(j: int, i: int, seen: list[float]) -> int:
+        return 0 if _hand_estimate(bundle.entropy.estimator, seen) < 1.2 else 2
+
+    expected = _walk(profile, reference)
+    assert {k for _, _, k in expected} == {0, 2}
+    assert _replay_steps(profile, bundle.schedule()) == expected
+    assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+
+
+def test_from_bundle_rejects_an_unknown_unit():
+    bundle = _bundle("nats", [1.0, 2.0], EntropyEstimator.last())
+    bundle.entropy = EntropyInfo("base_entropy", "bans", EntropyEstimator.last())
     with pytest.raises(EntmtpError, match="unit"):
-        BundleScheduler.from_bundle(_Bundle("bans"))
+        BundleScheduler.from_bundle(bundle)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import copy
 import json
+import math
 import os
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from entmtp.treesearch._bundle import (
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._schedule import Schedule
 from entmtp.treesearch._tree import Tree
 
 SHA = "0123456789abcdef" * 4
@@ -136,6 +138,70 @@ def test_tree_index_for_matches_half_open_buckets():
         assert bundle.tree_for(estimate) is bundle.trees[expected]
     assert bundle.tree_index_for(t[0]) == 1 and bundle.tree_index_for(np.nextafter(t[0], 0)) == 0
     assert bisect.bisect_right(t, -1e9) == bundle.tree_index_for(-1e9) == 0
+
+
+# -- the schedule -----------------------------------------------------------------------------
+def _bits(bundle: Bundle) -> Bundle:
+    """The same bundle with its thresholds stored in bits."""
+    entropy = EntropyInfo(bundle.entropy.signal, "bits", bundle.entropy.estimator)
+    return sample_bundle(entropy=entropy, thresholds=[t / math.log(2) for t in bundle.thresholds])
+
+
+def test_schedule_of_a_nats_bundle_is_its_trees_thresholds_and_estimator():
+    bundle = sample_bundle()
+    schedule = bundle.schedule()
+    assert schedule == Schedule(tuple(bundle.trees), (0.75, 2.5), bundle.entropy.estimator)
+
+
+def test_schedule_of_a_bits_bundle_is_in_nats():
+    bits = sample_bundle(
+        entropy=EntropyInfo("base_entropy", "bits", EntropyEstimator.ema(0.3)), thresholds=[1, 2]
+    )
+    schedule = bits.schedule()
+    assert schedule.thresholds == pytest.approx((math.log(2), 2 * math.log(2)), rel=1e-15)
+    assert schedule.trees == tuple(bits.trees) and schedule.estimator == bits.entropy.estimator
+    # an entropy of 1.2 nats is 1.73 bits: above the first threshold, below the second
+    assert bits.tree_index_for(1.2) == schedule.tree_index(1.2) == 1
+    assert bits.tree_index_for(0.69) == 0 and bits.tree_index_for(1.39) == 2
+
+
+def test_bits_and_nats_bundles_choose_the_same_trees():
+    nats = sample_bundle()
+    bits = _bits(nats)
+    rng = np.random.default_rng(3)
+    estimates = rng.gamma(2.0, 0.8, 500)
+    expected = [sum(1 for t in nats.thresholds if t <= e) for e in estimates.tolist()]
+    assert bits.schedule().tree_indices(estimates).tolist() == expected
+    assert nats.schedule().tree_indices(estimates).tolist() == expected
+    assert [bits.tree_index_for(e) for e in estimates.tolist()] == expected
+
+
+def test_equal_thresholds_load_and_leave_a_tree_that_is_never_chosen(tmp_path):
+    bundle = load_bundle(save_bundle(sample_bundle(thresholds=[1.0, 1.0]), tmp_path / "b.json"))
+    assert bundle.thresholds == [1.0, 1.0]
+    schedule = bundle.schedule()
+    estimates = np.concatenate([[1.0, np.nextafter(1.0, 0)], np.linspace(-1, 3, 401)])
+    indices = schedule.tree_indices(estimates).tolist()
+    assert indices == [0 if e < 1.0 else 2 for e in estimates.tolist()]
+    assert 1 not in indices
+
+
+def test_bits_thresholds_that_round_to_one_nats_value_still_make_a_schedule():
+    low = 0.7213606803401701
+    high = float(np.nextafter(low, 1.0))
+    assert low * math.log(2) == high * math.log(2)  # the premise: conversion merges them
+    bits = sample_bundle(
+        entropy=EntropyInfo("base_entropy", "bits", EntropyEstimator.last()),
+        thresholds=[low, high],
+    )
+    schedule = bits.schedule()
+    assert schedule.thresholds[0] == schedule.thresholds[1]
+    assert schedule.tree_index(schedule.thresholds[0]) == 2
+
+
+def test_unknown_entropy_unit_is_one_line_error():
+    with pytest.raises(EntmtpError, match=r"entropy\.unit: 'bans' is unknown: use one of nats"):
+        sample_bundle(entropy=EntropyInfo("base_entropy", "bans", EntropyEstimator.last()))
 
 
 # -- compatibility ----------------------------------------------------------------------------

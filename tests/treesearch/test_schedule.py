@@ -48,7 +48,7 @@ def test_static_schedule_serves_every_estimate_with_its_tree():
         ((CHAIN[1], CHAIN[2]), (), "thresholds"),
         ((CHAIN[1],), (1.0,), "thresholds"),
         ((CHAIN[1], CHAIN[2], CHAIN[3]), (2.0, 1.0), "ascending"),
-        ((CHAIN[1], CHAIN[2], CHAIN[3]), (1.0, 1.0), "ascending"),
+        ((CHAIN[1], CHAIN[2], CHAIN[3], CHAIN[4]), (1.0, 1.0, 0.5), "ascending"),
         ((CHAIN[1], CHAIN[2]), (float("inf"),), "finite"),
         ((CHAIN[1], CHAIN[2]), (float("nan"),), "finite"),
         ((CHAIN[1], CHAIN[2]), ("x",), "thresholds"),
@@ -60,20 +60,41 @@ def test_invalid_schedules_name_the_field(trees, thresholds, field):
         Schedule(trees, thresholds, EntropyEstimator.last())
 
 
+def test_equal_thresholds_leave_a_tree_that_is_never_chosen():
+    thresholds = (1.0, 1.0, 2.5, 2.5)
+    schedule = Schedule(tuple(CHAIN), thresholds)
+    rng = np.random.default_rng(2)
+    probes = np.concatenate(
+        [thresholds, np.nextafter(thresholds, -np.inf), rng.uniform(-1, 4, 300)]
+    )
+    vector = schedule.tree_indices(probes).tolist()
+    chosen = set()
+    for estimate, from_vector in zip(probes.tolist(), vector, strict=True):
+        expected = plain_bucket(thresholds, estimate)
+        assert schedule.tree_index(estimate) == expected == from_vector
+        chosen.add(expected)
+    assert chosen == {0, 2, 4}  # trees 1 and 3 serve empty intervals
+
+
 def test_merged_keeps_the_mapping_and_drops_redundant_thresholds():
     rng = np.random.default_rng(1)
-    for _ in range(30):
+    for _ in range(60):
         count = int(rng.integers(1, 7))
         trees = tuple(CHAIN[int(k)] for k in rng.integers(0, 3, count))
-        thresholds = tuple(np.sort(rng.uniform(0, 4, count - 1)))
-        if len(set(thresholds)) != len(thresholds):
-            continue
+        # a coarse grid, so some thresholds repeat (never-chosen trees)
+        thresholds = tuple(np.sort(rng.integers(0, 5, count - 1) * 0.75))
         schedule = Schedule(trees, thresholds, EntropyEstimator.window(4))
         merged = schedule.merged()
         assert all(a != b for a, b in zip(merged.trees, merged.trees[1:], strict=False))
+        assert all(a < b for a, b in zip(merged.thresholds, merged.thresholds[1:], strict=False))
         probes = np.concatenate([thresholds, rng.uniform(-1, 5, 50)])
         for estimate in probes.tolist():
             assert merged.tree_for(estimate) == schedule.tree_for(estimate)
+
+
+def test_merged_drops_a_never_chosen_tree_between_equal_thresholds():
+    schedule = Schedule((CHAIN[1], CHAIN[2], CHAIN[1], CHAIN[3]), (1.0, 1.0, 2.0))
+    assert schedule.merged() == Schedule((CHAIN[1], CHAIN[3]), (2.0,))
 
 
 def test_json_round_trip():
