@@ -29,7 +29,7 @@ from ._atomic import atomic_write_text
 from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
-from ._schedule import Schedule
+from ._schedule import Schedule, check_signal
 from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
@@ -124,6 +124,7 @@ class Bundle:
         if any(b < a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
             raise EntmtpError(f"bundle: thresholds: {self.thresholds} must ascend")
         nats_per_unit(self.entropy.unit)
+        check_signal(self.entropy.signal, self.entropy.estimator)
 
     def schedule(self) -> Schedule:
         """The bundle's entropy schedule in nats: what the replay and the live scheduler use.
@@ -136,6 +137,7 @@ class Bundle:
             tuple(self.trees),
             tuple(t * scale for t in self.thresholds),
             self.entropy.estimator,
+            self.entropy.signal,
         )
 
     def tree_index_for(self, estimate: float) -> int:
@@ -487,6 +489,10 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         estimator = EntropyEstimator.from_json(entropy_obj["estimator"])
     except EntmtpError as err:
         raise EntmtpError(f"{source}: entropy.estimator: {err}") from err
+    try:
+        check_signal(entropy_obj["signal"], estimator)
+    except EntmtpError as err:
+        raise EntmtpError(f"{source}: entropy.signal: {err}") from err
 
     best_static = None
     if "best_static" in obj:

@@ -26,7 +26,7 @@ from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._profile import Profile
-from ._schedule import Schedule, as_schedule
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule, as_schedule, check_signal
 from ._tree import Tree
 
 
@@ -130,6 +130,7 @@ class Replayer:
         self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self.ends = self.starts + lengths
         self.entropy = profile.entropy()
+        self.draft_entropy = profile.draft_entropy() if profile.has_draft_entropy else None
         positions = np.arange(self.num_positions, dtype=np.int64)
         # Tokens after each position: a step there emits at most these.
         left = np.repeat(self.ends, lengths) - 1 - positions
@@ -143,26 +144,36 @@ class Replayer:
         self.accept = np.stack(rows)  # [trees, positions] int64
         self.tree_ms = tuple(latency.tree_ms(t) for t in self.trees)
         self._positions = positions
-        self._estimates: dict[EntropyEstimator, np.ndarray] = {}
+        self._estimates: dict[tuple[EntropyEstimator, str], np.ndarray] = {}
 
     # -- schedules -------------------------------------------------------------------------
-    def estimates(self, estimator: EntropyEstimator) -> np.ndarray:
-        """The estimator's value at every position (restarting per trajectory), cached."""
-        if estimator not in self._estimates:
-            self._estimates[estimator] = estimator.estimates(
-                self.entropy, trace_starts=self.starts
-            )
-        return self._estimates[estimator]
+    def estimates(self, estimator: EntropyEstimator, signal: str = BASE_ENTROPY) -> np.ndarray:
+        """The estimate of ``signal`` at every position (restarting per trajectory), cached."""
+        check_signal(signal, estimator)
+        key = (estimator, signal)
+        if key not in self._estimates:
+            if signal == DRAFT_ENTROPY:
+                if self.draft_entropy is None:
+                    raise EntmtpError(
+                        "this profile has no draft (head 1) entropies: re-run `entmtp "
+                        "calibrate` to profile them, or use the base_entropy signal"
+                    )
+                self._estimates[key] = self.draft_entropy.astype(np.float64)
+            else:
+                self._estimates[key] = estimator.estimates(self.entropy, trace_starts=self.starts)
+        return self._estimates[key]
 
     def schedule_tree_at(
         self,
         estimator: EntropyEstimator,
         thresholds: Sequence[float],
         bucket_trees: Sequence[int],
+        signal: str = BASE_ENTROPY,
     ) -> np.ndarray:
         """Tree index at every position for a schedule over ``self.trees``."""
         buckets = np.searchsorted(
-            np.asarray(thresholds, dtype=np.float64), self.estimates(estimator), side="right"
+            np.asarray(thresholds, dtype=np.float64), self.estimates(estimator, signal),
+            side="right",
         )
         return np.asarray(bucket_trees, dtype=np.int64)[buckets]
 
@@ -194,9 +205,10 @@ class Replayer:
         estimator: EntropyEstimator,
         thresholds: Sequence[float],
         bucket_trees: Sequence[int],
+        signal: str = BASE_ENTROPY,
     ) -> ReplayResult:
-        tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees)
-        return self.run(tree_at, estimates=self.estimates(estimator))
+        tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees, signal)
+        return self.run(tree_at, estimates=self.estimates(estimator, signal))
 
     def static(self, index: int) -> ReplayResult:
         """Replay with ``self.trees[index]`` at every step."""
@@ -278,7 +290,7 @@ def replay(
     schedule = as_schedule(schedule_or_tree)
     replayer = Replayer(profile, schedule.trees, latency)
     return replayer.run_schedule(
-        schedule.estimator, schedule.thresholds, range(schedule.num_buckets)
+        schedule.estimator, schedule.thresholds, range(schedule.num_buckets), schedule.signal
     )
 
 

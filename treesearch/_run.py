@@ -34,6 +34,7 @@ from ._latency import LatencyModel
 from ._pareto import TreeCandidate, build_front, fronts_by_bucket, score_tree
 from ._profile import Profile
 from ._replay import ReplayResult, replay
+from ._schedule import DRAFT_ENTROPY
 from ._schedule_search import ScheduleSearchResult, calibrate_schedule
 from ._tree import Tree
 
@@ -179,7 +180,7 @@ def make_bundle(
         heads=HeadsInfo(meta.head_type, int(profile.num_heads), int(meta.topk),
                         meta.heads_sha256 or "0" * 64),
         task=meta.task or "custom",
-        entropy=EntropyInfo("base_entropy", "nats", schedule.estimator),
+        entropy=EntropyInfo(schedule.signal, "nats", schedule.estimator),
         thresholds=list(schedule.thresholds),
         trees=list(schedule.trees),
         tree_stats=stats,
@@ -197,10 +198,13 @@ def make_bundle(
 
 
 def _positions_served(profile: Profile, schedule) -> np.ndarray:
-    """Tree index serving each position, from the schedule's estimator (all positions)."""
+    """Tree index serving each position, from the schedule's signal estimate (all positions)."""
     parts = []
     for trace in profile.traces:
-        estimates = schedule.estimator.estimates(trace.entropy)
+        if schedule.signal == DRAFT_ENTROPY:
+            estimates = trace.draft_entropy
+        else:
+            estimates = schedule.estimator.estimates(trace.entropy)
         parts.append(schedule.tree_indices(estimates))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -233,6 +237,7 @@ def outcome_to_json(outcome: SearchOutcome, *, task: str) -> dict[str, Any]:
         ],
         "schedule": {
             "thresholds": list(result.schedule.thresholds),
+            "signal": result.schedule.signal,
             "estimator": result.schedule.estimator.to_json(),
             "trees": [t.to_json() for t in result.schedule.trees],
             "replayed": result.result.summary(),
@@ -261,7 +266,8 @@ def report_markdown(
         lines.append(f"| {c.tree.num_nodes} | {c.tree.depth} | {c.expected_accept_length:.3f} | "
                      f"{c.latency_ms:.2f} | {c.tokens_per_ms:.4f} | {c.source} |")
     lines += ["", "## Chosen schedule", "",
-              f"Estimator: `{sched.estimator.describe()}`; thresholds (nats): "
+              f"Signal: `{sched.signal}`; estimator: `{sched.estimator.describe()}`; "
+              "thresholds (nats): "
               f"{', '.join(f'{t:.3f}' for t in sched.thresholds) or 'none (one tree)'}.", "",
               "| tree | serves estimates | nodes | depth | widths |", "|---:|---|---:|---:|---|"]
     bounds = [-np.inf, *sched.thresholds, np.inf]

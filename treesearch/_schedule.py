@@ -1,4 +1,13 @@
-"""An entropy schedule: trees, the ascending thresholds that switch between them, an estimator.
+"""An entropy schedule: trees, the ascending thresholds that switch between them, an estimator,
+and the signal it estimates.
+
+Signals:
+- ``base_entropy``: the base model's entropy at each position, smoothed by the estimator over
+  the positions decoded so far (every emitted position is verified, so the live decoder sees
+  them all);
+- ``draft_entropy``: head 1's entropy at the step's own state, computed by the drafter before
+  the tree is chosen. Only step positions have one, so it is used as is (the ``last``
+  estimator): smoothing it would depend on where earlier steps landed.
 
 Tree ``i`` serves estimates in ``[t_{i-1}, t_i)`` (``t_{-1} = -inf``, ``t_{len} = +inf``), i.e.
 ``tree_index(e) = bisect_right(thresholds, e)``. Thresholds may repeat: ``t_{i-1} == t_i`` is an
@@ -19,12 +28,28 @@ from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._tree import Tree
 
+BASE_ENTROPY = "base_entropy"
+DRAFT_ENTROPY = "draft_entropy"
+SIGNALS = (BASE_ENTROPY, DRAFT_ENTROPY)
+
+
+def check_signal(signal: str, estimator: EntropyEstimator) -> None:
+    """One-line error for an unknown signal or a draft signal with a smoothing estimator."""
+    if signal not in SIGNALS:
+        raise EntmtpError(f"entropy signal {signal!r} is unknown: use one of {', '.join(SIGNALS)}")
+    if signal == DRAFT_ENTROPY and estimator.kind != "last":
+        raise EntmtpError(
+            f"the draft_entropy signal is seen once per step, so it cannot be smoothed by "
+            f"{estimator.describe()}: use the 'last' estimator"
+        )
+
 
 @dataclass(frozen=True)
 class Schedule:
     trees: tuple[Tree, ...]
     thresholds: tuple[float, ...] = ()  # ascending (repeats allowed), len(trees) - 1
     estimator: EntropyEstimator = field(default_factory=EntropyEstimator.last)
+    signal: str = BASE_ENTROPY
 
     def __post_init__(self) -> None:
         trees = tuple(self.trees)
@@ -50,6 +75,7 @@ class Schedule:
             )
         if not isinstance(self.estimator, EntropyEstimator):
             raise EntmtpError("schedule estimator must be an EntropyEstimator")
+        check_signal(self.signal, self.estimator)
         object.__setattr__(self, "trees", trees)
         object.__setattr__(self, "thresholds", thresholds)
 
@@ -89,11 +115,12 @@ class Schedule:
             if trees:
                 thresholds.append(lower)
             trees.append(tree)
-        return Schedule(tuple(trees), tuple(thresholds), self.estimator)
+        return Schedule(tuple(trees), tuple(thresholds), self.estimator, self.signal)
 
     # -- serialization ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
+            "signal": self.signal,
             "estimator": self.estimator.to_json(),
             "thresholds": list(self.thresholds),
             "trees": [tree.to_json() for tree in self.trees],
@@ -116,6 +143,7 @@ class Schedule:
             tuple(Tree.from_json(t) for t in trees),
             tuple(thresholds),
             EntropyEstimator.from_json(obj["estimator"]),
+            str(obj.get("signal", BASE_ENTROPY)),
         )
 
 

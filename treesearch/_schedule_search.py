@@ -3,7 +3,9 @@
 Each trial proposes the parts that are not additive (see DESIGN.md):
 
 - the number of buckets ``B`` in ``1..max_buckets``;
-- the estimator: ``ema`` (alpha on a log scale), ``window`` (size on a log scale) or ``last``;
+- the signal, when the profile has head-1 entropies: ``base_entropy`` or ``draft_entropy``
+  (the latter with the ``last`` estimator: see ``_schedule``);
+- for the base signal, the estimator: ``ema`` (alpha on a log scale), ``window`` (size on a log scale) or ``last``;
 - ``B - 1`` quantile levels in [0, 1] of the calibration estimates under that estimator, turned
   into thresholds halfway between the quantile's estimate and the next larger one (so an
   estimate never sits on a threshold, and float noise in a live estimate rarely flips a bucket).
@@ -40,7 +42,7 @@ from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._profile import Profile
 from ._replay import Replayer, ReplayResult, best_static_of, replay
-from ._schedule import Schedule
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
 from ._storage import JOURNAL_PREFIX, import_optuna, open_storage  # noqa: F401 - re-exported
 from ._tree import Tree
 
@@ -118,30 +120,40 @@ class _Objective:
         self.static_ms = replayer.time_ms(np.full(replayer.num_positions, start, dtype=np.int64))
         self._times: dict[tuple, float] = {}
 
-    def suggest(self, trial) -> tuple[EntropyEstimator, tuple[float, ...]]:
+    def suggest(self, trial) -> tuple[str, EntropyEstimator, tuple[float, ...]]:
         num_buckets = trial.suggest_int("num_buckets", 1, self.max_buckets)
-        kind = trial.suggest_categorical("estimator", ["ema", "window", "last"])
-        if kind == "ema":
-            estimator = EntropyEstimator.ema(trial.suggest_float("alpha", *ALPHA_RANGE, log=True))
-        elif kind == "window":
-            size = trial.suggest_int("window", *WINDOW_RANGE, log=True)
-            estimator = EntropyEstimator.window(size)
-        else:
+        signals = [BASE_ENTROPY]
+        if self.replayer.draft_entropy is not None:
+            signals.append(DRAFT_ENTROPY)
+        signal = trial.suggest_categorical("signal", signals)
+        if signal == DRAFT_ENTROPY:
             estimator = EntropyEstimator.last()
+        else:
+            kind = trial.suggest_categorical("estimator", ["ema", "window", "last"])
+            if kind == "ema":
+                alpha = trial.suggest_float("alpha", *ALPHA_RANGE, log=True)
+                estimator = EntropyEstimator.ema(alpha)
+            elif kind == "window":
+                size = trial.suggest_int("window", *WINDOW_RANGE, log=True)
+                estimator = EntropyEstimator.window(size)
+            else:
+                estimator = EntropyEstimator.last()
         levels = [trial.suggest_float(f"level{b}", 0.0, 1.0) for b in range(num_buckets - 1)]
-        estimates = self.replayer.estimates(estimator)
-        return estimator, thresholds_from_levels(estimates, levels)
+        estimates = self.replayer.estimates(estimator, signal)
+        return signal, estimator, thresholds_from_levels(estimates, levels)
 
     def __call__(self, trial) -> float:
-        estimator, thresholds = self.suggest(trial)
-        bucket_trees, time_ms = self.assign_trees(estimator, thresholds)
+        signal, estimator, thresholds = self.suggest(trial)
+        bucket_trees, time_ms = self.assign_trees(estimator, thresholds, signal)
+        trial.set_user_attr("signal", signal)
         trial.set_user_attr("estimator", estimator.to_json())
         trial.set_user_attr("thresholds", list(thresholds))
         trial.set_user_attr("bucket_trees", bucket_trees)
         return 1000.0 * self.tokens / time_ms if time_ms > 0 else 0.0
 
     def assign_trees(
-        self, estimator: EntropyEstimator, thresholds: tuple[float, ...]
+        self, estimator: EntropyEstimator, thresholds: tuple[float, ...],
+        signal: str = BASE_ENTROPY,
     ) -> tuple[list[int], float]:
         """Coordinate ascent on replayed time from the best static tree in every bucket."""
         num_buckets = len(thresholds) + 1
@@ -149,13 +161,13 @@ class _Objective:
         if num_buckets == 1:
             return choice, self.static_ms
         buckets = np.searchsorted(
-            np.asarray(thresholds), self.replayer.estimates(estimator), side="right"
+            np.asarray(thresholds), self.replayer.estimates(estimator, signal), side="right"
         )
         occupied = np.bincount(buckets, minlength=num_buckets) > 0
         trees = self.replayer.trees
 
         def time_of(assignment: list[int]) -> float:
-            key = (estimator, thresholds, tuple(assignment))
+            key = (signal, estimator, thresholds, tuple(assignment))
             if key not in self._times:
                 tree_at = np.asarray(assignment, dtype=np.int64)[buckets]
                 self._times[key] = self.replayer.time_ms(tree_at)
@@ -268,6 +280,7 @@ def calibrate_schedule(
                 tuple(candidates[i] for i in merged_trees),
                 tuple(merged_thresholds),
                 EntropyEstimator.from_json(best.user_attrs["estimator"]),
+                best.user_attrs.get("signal", BASE_ENTROPY),
             )
             proposal_result = replay(profile, proposal, latency)
             if proposal_result.time_ms < static_result.time_ms:

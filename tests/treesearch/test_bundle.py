@@ -199,6 +199,15 @@ def test_bits_thresholds_that_round_to_one_nats_value_still_make_a_schedule():
     assert schedule.tree_index(schedule.thresholds[0]) == 2
 
 
+def test_a_draft_signal_bundle_round_trips_into_a_draft_schedule(tmp_path):
+    draft = sample_bundle(entropy=EntropyInfo("draft_entropy", "nats", EntropyEstimator.last()))
+    loaded = load_bundle(save_bundle(draft, tmp_path / "d.json"))
+    assert loaded.entropy.signal == "draft_entropy"
+    schedule = loaded.schedule()
+    assert schedule.signal == "draft_entropy" and schedule.thresholds == (0.75, 2.5)
+    assert sample_bundle().schedule().signal == "base_entropy"
+
+
 def test_unknown_entropy_unit_is_one_line_error():
     with pytest.raises(EntmtpError, match=r"entropy\.unit: 'bans' is unknown: use one of nats"):
         sample_bundle(entropy=EntropyInfo("base_entropy", "bans", EntropyEstimator.last()))
@@ -290,6 +299,10 @@ REJECTIONS = {
     # thresholds
     "thresholds-count": (_set(("thresholds",), [0.5]), "thresholds", "1 values for 3 trees"),
     "thresholds-descend": (_set(("thresholds",), [2.0, 1.0]), "thresholds[1]", "ascend"),
+    # the signal the thresholds apply to
+    "unknown-signal": (_set(("entropy", "signal"), "logit_gap"), "entropy.signal", "unknown"),
+    "smoothed-draft-signal": (_set(("entropy", "signal"), "draft_entropy"), "entropy.signal",
+                              "use the 'last' estimator"),
     # header and required fields
     "wrong-format": (_set(("format",), "medusa-tree"), "format", "not an entmtp bundle"),
     "missing-format": (_delete(("format",)), "format: missing", "not an entmtp bundle"),

@@ -24,7 +24,8 @@ LATENCIES = [
 
 
 def random_profile(
-    seed: int, *, num_traces: int = 5, max_positions: int = 60, heads: int = 3, topk: int = 3
+    seed: int, *, num_traces: int = 5, max_positions: int = 60, heads: int = 3, topk: int = 3,
+    draft: bool = False,
 ) -> Profile:
     """Random entropies and ranks; rank j at position i is -1 once i + j + 1 passes the end."""
     rng = np.random.default_rng(seed)
@@ -35,7 +36,8 @@ def random_profile(
         ranks = np.where(hit, rng.integers(0, topk, (n, heads)), -1)
         ranks[np.arange(n)[:, None] + np.arange(1, heads + 1)[None, :] >= n] = -1
         entropy = rng.exponential(1.0, n) * rng.choice([0.1, 2.0], n)
-        traces.append(Trace(t, f"p{t}", entropy, ranks))
+        draft_entropy = rng.exponential(1.5, n) if draft else None
+        traces.append(Trace(t, f"p{t}", entropy, ranks, draft_entropy=draft_entropy))
     return Profile(ProfileMeta(num_heads=heads, topk=topk), traces)
 
 
@@ -93,7 +95,10 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
         last = trace.num_positions - 1
         i = 0
         while i < last:
-            estimate = hand_estimate(schedule.estimator, entropy[: i + 1])
+            if schedule.signal == "draft_entropy":  # head 1's entropy at the step itself
+                estimate = float(trace.draft_entropy[i])
+            else:
+                estimate = hand_estimate(schedule.estimator, entropy[: i + 1])
             k = sum(1 for t in schedule.thresholds if t <= estimate)
             tree = schedule.trees[k]
             accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
@@ -290,3 +295,24 @@ def test_tree_usage_sums_to_one_and_counts_steps():
     assert (usage * result.steps).round().astype(int).tolist() == np.bincount(
         result.step_tree, minlength=schedule.num_buckets
     ).tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_draft_signal_replay_matches_the_step_by_step_reference(seed):
+    rng = np.random.default_rng(100 + seed)
+    profile = random_profile(seed, draft=True)
+    base = random_schedule(rng, profile)
+    thresholds = tuple(np.sort(rng.uniform(0.0, 3.0, len(base.trees) - 1)))
+    schedule = Schedule(base.trees, thresholds, EntropyEstimator.last(), "draft_entropy")
+    result = check_against_reference(profile, schedule, LATENCIES[seed % len(LATENCIES)])
+    steps = result.step_position + np.asarray([0, *np.cumsum(
+        [t.num_positions for t in profile.traces])[:-1]])[result.step_trace]
+    np.testing.assert_array_equal(result.step_estimate, profile.draft_entropy()[steps])
+
+
+def test_draft_signal_needs_a_profile_that_has_it():
+    profile = random_profile(0)
+    schedule = Schedule((Tree.from_paths([[0]]), Tree.from_paths([])), (1.0,),
+                        EntropyEstimator.last(), "draft_entropy")
+    with pytest.raises(EntmtpError, match="no draft"):
+        replay(profile, schedule, LATENCIES[0])

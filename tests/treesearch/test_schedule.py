@@ -112,3 +112,17 @@ def test_as_schedule_wraps_a_tree_and_rejects_other_things():
     assert as_schedule(CHAIN[2]) == Schedule.static(CHAIN[2])
     with pytest.raises(EntmtpError, match="Schedule or a Tree"):
         as_schedule([[0]])
+
+
+def test_signal_is_checked_and_round_trips():
+    trees = (Tree.from_paths([[0]]), Tree.from_paths([[0], [0, 0]]))
+    draft = Schedule(trees, (0.5,), EntropyEstimator.last(), "draft_entropy")
+    assert Schedule.from_json(draft.to_json()) == draft
+    assert draft.merged().signal == "draft_entropy"
+    old = draft.to_json()
+    del old["signal"]  # schedules written before signals existed estimate the base entropy
+    assert Schedule.from_json(old).signal == "base_entropy"
+    with pytest.raises(EntmtpError, match="signal 'logit_gap' is unknown"):
+        Schedule(trees, (0.5,), EntropyEstimator.last(), "logit_gap")
+    with pytest.raises(EntmtpError, match="use the 'last' estimator"):
+        Schedule(trees, (0.5,), EntropyEstimator.ema(0.5), "draft_entropy")

@@ -235,3 +235,44 @@ def test_bad_options_are_rejected(kwargs, field):
         )
     with pytest.raises(EntmtpError, match="candidate"):
         calibrate_schedule(profile, [], LatencyModel.cpu_like())
+
+
+def with_draft_entropy(profile: Profile, *, informative: bool, seed: int = 0) -> Profile:
+    """Same ranks and base entropy, plus a head-1 entropy that tells (or does not tell) whether
+    head 1's top draft will be accepted at that position."""
+    rng = np.random.default_rng(seed)
+    traces = []
+    for t in profile.traces:
+        noise = rng.exponential(1.0, t.num_positions)
+        if informative:
+            draft = np.where(t.ranks[:, 0] == 0, 0.2, 2.0) + 0.1 * noise
+        else:
+            draft = noise
+        traces.append(Trace(t.prompt_index, t.prompt_id, t.entropy, t.ranks,
+                            t.prompt_length, draft))
+    return Profile(profile.meta, traces)
+
+
+def test_an_informative_draft_entropy_is_chosen_and_beats_the_base_signal():
+    profile = with_constant_entropy(small_profile(3))  # the base signal carries nothing
+    informative = with_draft_entropy(profile, informative=True)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    base_only = calibrate_schedule(profile, candidates, latency, n_trials=40, seed=0)
+    assert base_only.schedule.signal == "base_entropy"
+    searched = calibrate_schedule(informative, candidates, latency, n_trials=40, seed=0)
+    assert searched.schedule.signal == "draft_entropy"
+    assert searched.schedule.estimator == EntropyEstimator.last()
+    assert searched.gain_over_static > 1.05
+    assert searched.gain_over_static > base_only.gain_over_static + 0.03
+    assert searched.result.time_ms == pytest.approx(
+        replay(informative, searched.schedule, latency).time_ms)
+    assert searched.result.tokens_per_second <= searched.oracle.tokens_per_second + 1e-9
+
+
+def test_an_uninformative_draft_entropy_never_loses_to_best_static():
+    profile = with_draft_entropy(small_profile(4), informative=False)
+    candidates = candidates_for(profile)
+    searched = calibrate_schedule(profile, candidates, LatencyModel.cpu_like(), n_trials=30,
+                                  seed=1)
+    assert searched.gain_over_static >= 1.0
