@@ -16,6 +16,11 @@ trees and estimates; ``G - 1`` decode tokens), and ``decode_tokens_per_second`` 
 rate: decode tokens over the steps' time, prefill excluded. A step's ``accept_length`` is the
 tokens it emitted (``1 + d``, or ``d`` on a final step whose next token found no room), as in
 the replay, so ``mean_accept_length`` is decode tokens per step.
+
+With a scheduler on the draft-entropy signal (``needs_draft_entropy``) a step first prepares the
+draft (the heads' first results, counted in its ``draft_ms``), gives head 1's entropy there to the
+scheduler, then chooses the tree and drafts it from the prepared results; the base entropies of
+the accepted path are then not computed, since the choice does not read them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
-from ._drafter import TreeDrafter
+from ._drafter import Prepared, TreeDrafter
 from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler
@@ -211,15 +216,24 @@ class SpeculativeDecoder:
         return state, logits[-1]
 
     @torch.inference_mode()
-    def step(self, state: DecodingState, plan: TreePlan, accept: AcceptFn) -> StepOutcome:
+    def prepare(self, state: DecodingState, max_depth: int) -> Prepared:
+        """The heads' first results at ``state`` for trees of depth <= ``max_depth``."""
+        return self.drafter.prepare(self._root(state), state.hidden, max_depth)
+
+    @torch.inference_mode()
+    def step(
+        self, state: DecodingState, plan: TreePlan, accept: AcceptFn,
+        prepared: Prepared | None = None,
+    ) -> StepOutcome:
         """Draft ``plan``'s tree under the pending token, verify it, pick the accepted path.
 
-        The cache then holds all tree tokens; ``commit`` keeps the chosen path.
+        ``prepared``: ``prepare(state, ...)`` of this same state, reused by the drafter (its
+        time is not in the outcome's ``draft_ms``). The cache then holds all tree tokens;
+        ``commit`` keeps the chosen path.
         """
         clock = self.clock
         t0 = clock.now()
-        root = torch.tensor([state.pending], dtype=torch.int64, device=self.device)
-        drafted = self.drafter.draft(plan, root, state.hidden)
+        drafted = self.drafter.draft(plan, self._root(state), state.hidden, prepared)
         t1 = clock.now()
         hidden, logits = tree_forward(self.model, state.cache, plan, drafted, state.past_len,
                                       dtype=self.dtype)
@@ -229,6 +243,9 @@ class SpeculativeDecoder:
         t3 = clock.now()
         return StepOutcome(plan, node_tokens, path, next_token, hidden, logits,
                            t1 - t0, t2 - t1, t3 - t2)
+
+    def _root(self, state: DecodingState) -> torch.Tensor:
+        return torch.tensor([state.pending], dtype=torch.int64, device=self.device)
 
     @staticmethod
     @torch.inference_mode()
@@ -284,6 +301,8 @@ class SpeculativeDecoder:
             raise EntmtpError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         for tree in scheduler.trees:
             self.plan(tree)
+        by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         eos = frozenset(int(t) for t in eos_token_ids)
         if max_new_tokens == 0:
             _as_prompt(input_ids, self.device)
@@ -304,7 +323,8 @@ class SpeculativeDecoder:
         state, last_logits = self.prefill(input_ids, choose)
         tokens = [state.pending]
         scheduler.reset()
-        scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
+        if not by_draft:
+            scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
         prefill_ms = clock.now() - start
         if on_step is not None:
             on_step(None, list(tokens))
@@ -314,10 +334,15 @@ class SpeculativeDecoder:
         while len(tokens) < max_new_tokens and tokens[-1] not in eos:
             t0 = clock.now()
             emitted_before = len(tokens)
+            prepared, t_prepared = None, t0
+            if by_draft:
+                prepared = self.prepare(state, max_depth)
+                t_prepared = clock.now()
+                scheduler.observe_draft(float(entropy_from_logits(prepared.first_logits)))
             choice = scheduler.choose()
             plan = tree_plan(choice.tree, self.topk, self.device)
             t1 = clock.now()
-            outcome = self.step(state, plan, accept)
+            outcome = self.step(state, plan, accept, prepared)
             t2 = clock.now()
             drafts = _cut([outcome.node_tokens[node] for node in outcome.path[1:]],
                           max_new_tokens - len(tokens), eos)
@@ -327,7 +352,8 @@ class SpeculativeDecoder:
             tokens.extend(drafts)
             if len(tokens) < max_new_tokens and tokens[-1] not in eos:
                 tokens.append(outcome.next_token)
-            scheduler.observe(entropy_from_logits(outcome.logits[path]).tolist())
+            if not by_draft:
+                scheduler.observe(entropy_from_logits(outcome.logits[path]).tolist())
             t3 = clock.now()
             log.append(StepLog(
                 position=position,
@@ -336,9 +362,9 @@ class SpeculativeDecoder:
                 num_nodes=plan.num_nodes,
                 depth=plan.depth,
                 accept_length=len(tokens) - emitted_before,
-                draft_ms=outcome.draft_ms,
+                draft_ms=(t_prepared - t0) + outcome.draft_ms,
                 verify_ms=outcome.verify_ms,
-                bookkeeping_ms=(t1 - t0) + outcome.accept_ms + (t3 - t2),
+                bookkeeping_ms=(t1 - t_prepared) + outcome.accept_ms + (t3 - t2),
             ))
             if on_step is not None:
                 on_step(log[-1], tokens[emitted_before:])

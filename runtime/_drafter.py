@@ -3,9 +3,16 @@
 Medusa heads see only the hidden state, so one top-k per head serves the whole tree:
 ``tokens = [root, head1 top-k, head2 top-k, ...][tree_indices]``. Hydra heads also read the
 node's path prefix, so they run level by level, batched over the level's distinct parents.
+
+``prepare`` runs the heads' first results before a step's tree is chosen (a draft-entropy
+schedule needs head 1's distribution to choose it): Medusa's heads 1..max_depth in one
+projection, Hydra's level 1 (head 1 with the root as its prefix). ``draft(..., prepared)`` then
+reuses them, so the heads never run twice in a step.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +22,23 @@ from entmtp.treesearch._errors import EntmtpError
 from ._tree_attention import TreePlan
 
 HEAD_TYPES = ("medusa", "hydra")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The heads' first results at one step's state, computed before its tree is chosen.
+
+    ``logits``: Medusa ``[depth, V]``, heads 1..depth at the hidden state; Hydra ``[1, V]``,
+    head 1 with the root as its one-token prefix (the first level of any tree).
+    """
+
+    depth: int  # deepest tree this can draft (Hydra: any; its deeper levels run in ``draft``)
+    logits: torch.Tensor
+
+    @property
+    def first_logits(self) -> torch.Tensor:
+        """Head 1's logits [V] at the step's state (its entropy is the draft signal)."""
+        return self.logits[0]
 
 
 class TreeDrafter:
@@ -30,36 +54,66 @@ class TreeDrafter:
         self.head_type = head_type
 
     @torch.inference_mode()
-    def draft(self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
+        """Head results for drafting any tree of depth <= ``max_depth`` from this state.
+
+        Always includes head 1 (for ``first_logits``), also when ``max_depth`` is 0.
+        """
+        if self.head_type == "medusa":
+            depth = max(int(max_depth), 1)
+            return Prepared(depth, medusa_logits(self.heads, hidden, depth))
+        # The same call as the first level of _draft_hydra (one parent: the root).
+        logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
+        return Prepared(self.heads.num_heads, logits)
+
+    @torch.inference_mode()
+    def draft(
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
+        prepared: Prepared | None = None,
+    ) -> torch.Tensor:
         """Tokens of the root and every node: [q] int64.
 
         ``root``: [1] int64, the pending token; ``hidden``: [1, hidden_size], the final-norm
-        hidden state of the last cached position (whose logits chose ``root``).
+        hidden state of the last cached position (whose logits chose ``root``); ``prepared``:
+        ``prepare(root, hidden, ...)`` of this same state, reused instead of running its heads.
         """
         if plan.depth == 0:
             return root.reshape(1)
+        if prepared is not None and prepared.depth < plan.depth:
+            raise EntmtpError(
+                f"the draft was prepared for trees of depth <= {prepared.depth} but the tree has "
+                f"depth {plan.depth}: prepare with the deepest tree the scheduler may choose"
+            )
         if self.head_type == "medusa":
-            return self._draft_medusa(plan, root, hidden)
-        return self._draft_hydra(plan, root, hidden)
+            return self._draft_medusa(plan, root, hidden, prepared)
+        return self._draft_hydra(plan, root, hidden, prepared)
 
     def _draft_medusa(
-        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
+        prepared: Prepared | None,
     ) -> torch.Tensor:
-        logits = medusa_logits(self.heads, hidden, plan.depth)  # [depth, V]
+        if prepared is None:
+            logits = medusa_logits(self.heads, hidden, plan.depth)  # [depth, V]
+        else:
+            logits = prepared.logits[: plan.depth]
         top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk]
         # Same as Medusa's [root, head1 top-k, ...][tree_indices], also for per-head top-k.
         nodes = top[plan.node_head, plan.node_rank]
         return torch.cat([root.reshape(1).to(nodes.device), nodes])
 
     def _draft_hydra(
-        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
+        prepared: Prepared | None,
     ) -> torch.Tensor:
         tokens = torch.empty(plan.size, dtype=torch.int64, device=plan.depths.device)
         tokens[0] = root.reshape(())
         for depth in range(1, plan.depth + 1):
             expand = plan.expand_nodes[depth - 1]
-            prefix = tokens[plan.ancestors[expand, :depth]]  # [u, depth]: root .. parent
-            logits = self.heads.head_logits(depth, hidden.expand(len(expand), -1), prefix)
+            if depth == 1 and prepared is not None:
+                logits = prepared.logits  # level 1 expands the root only
+            else:
+                prefix = tokens[plan.ancestors[expand, :depth]]  # [u, depth]: root .. parent
+                logits = self.heads.head_logits(depth, hidden.expand(len(expand), -1), prefix)
             nodes = plan.level_nodes[depth]
             top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk]
             tokens[nodes] = top[plan.parent_slot[depth - 1], plan.ranks[nodes]]

@@ -5,6 +5,11 @@ seen ``H_0``, the entropy of the prefill's last logits. A step that accepts the 
 root..leaf of depth ``d*`` then feeds the entropies of the logits at root, node 1, ..., leaf
 (``d* + 1`` values) in order, so before drafting at the step whose pending token came from a
 distribution with entropy ``H_i`` the estimator has consumed ``H_0 .. H_i``.
+
+A schedule on the ``draft_entropy`` signal instead chooses from head 1's entropy at the step's
+own state, used as is: the decoder prepares the draft first and hands that value to
+``observe_draft`` before every ``choose`` (``needs_draft_entropy`` says so); base entropies fed
+to ``observe`` are then ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY
 from entmtp.treesearch._tree import Tree
 
 if TYPE_CHECKING:
@@ -30,16 +37,23 @@ class TreeChoice:
 
 class Scheduler(Protocol):
     trees: tuple[Tree, ...]
+    signal: str  # BASE_ENTROPY or DRAFT_ENTROPY
+    needs_draft_entropy: bool  # True: call observe_draft before every choose
 
     def reset(self) -> None: ...
 
     def observe(self, entropies: Sequence[float]) -> None: ...
+
+    def observe_draft(self, entropy: float) -> None: ...
 
     def choose(self) -> TreeChoice: ...
 
 
 class StaticScheduler:
     """The same tree at every step."""
+
+    signal = BASE_ENTROPY
+    needs_draft_entropy = False
 
     def __init__(self, tree: Tree) -> None:
         self.trees = (tree,)
@@ -51,6 +65,9 @@ class StaticScheduler:
     def observe(self, entropies: Sequence[float]) -> None:
         pass
 
+    def observe_draft(self, entropy: float) -> None:
+        pass
+
     def choose(self) -> TreeChoice:
         return self._choice
 
@@ -58,17 +75,22 @@ class StaticScheduler:
 class BundleScheduler:
     """Entropy-switched trees: ``schedule.tree_index(estimate)`` picks from ``schedule.trees``.
 
-    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds in nats, estimator); its
-    estimator's ``new_state()`` is used as is, so the live estimate is the one the offline replay
-    computes from the same entropies (nats, as ``entropy_from_logits`` measures them).
+    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds in nats, estimator, signal).
+    On ``base_entropy`` its estimator's ``new_state()`` is used as is, so the live estimate is
+    the one the offline replay computes from the same entropies (nats, as
+    ``entropy_from_logits`` measures them). On ``draft_entropy`` the estimate is the value given
+    to ``observe_draft`` for this step, as the replay takes the profile's draft entropy there.
     """
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
+        self.signal = schedule.signal
+        self.needs_draft_entropy = self.signal == DRAFT_ENTROPY
         self.trees = tuple(
             t if isinstance(t, Tree) else Tree.from_paths(t) for t in schedule.trees
         )
         self._state = None
+        self._draft: float | None = None  # this step's draft entropy, until choose uses it
 
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> BundleScheduler:
@@ -77,15 +99,34 @@ class BundleScheduler:
 
     def reset(self) -> None:
         self._state = self.schedule.estimator.new_state()
+        self._draft = None
 
     def observe(self, entropies: Sequence[float]) -> None:
+        if self.needs_draft_entropy:
+            return
         if self._state is None:
             self.reset()
         self._state.update(entropies)
 
+    def observe_draft(self, entropy: float) -> None:
+        self._draft = float(entropy)
+
     def choose(self) -> TreeChoice:
-        if self._state is None:
-            self.reset()
-        estimate = float(self._state.value)
+        if self.needs_draft_entropy:
+            estimate = self._take_draft()
+        else:
+            if self._state is None:
+                self.reset()
+            estimate = float(self._state.value)
         index = int(self.schedule.tree_index(estimate))
         return TreeChoice(index, self.trees[index], estimate)
+
+    def _take_draft(self) -> float:
+        # One value per step: a stale one from an earlier step must never choose a tree.
+        if self._draft is None:
+            raise EntmtpError(
+                "this schedule switches on the draft_entropy signal: call observe_draft(head 1's "
+                "entropy at the step) before every choose()"
+            )
+        estimate, self._draft = self._draft, None
+        return estimate

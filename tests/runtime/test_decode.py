@@ -9,11 +9,13 @@ import torch
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
-from entmtp.runtime._scheduler import StaticScheduler
+from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._acceptance import accept_lengths
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._replay import replay
+from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule
 from entmtp.treesearch._tree import Tree
 
 NUM_HEADS = 4
@@ -207,3 +209,39 @@ def test_on_step_streams_every_emitted_token_once(rt, setup):
     )
     assert calls[0][0] is None and [s for s, _ in calls[1:]] == result.step_log
     assert [t for _, new in calls for t in new] == result.tokens == reference[:17]
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, head_type):
+    """The heads run once per step although head 1 is needed before the tree is chosen."""
+    model, references = setup
+    rng = np.random.default_rng(12)
+    prompt = torch.tensor(PROMPTS[0])
+    reference = references[tuple(PROMPTS[0])]
+    ranks = rt.random_ranks(rng, len(reference), NUM_HEADS, TOPK, miss=0.15)
+    # an oracle's head 1 ranks a permutation of -arange(V): the same entropy at every state
+    vocab = model.get_output_embeddings().weight.shape[0]
+    h1 = float(entropy_from_logits(-torch.arange(vocab, dtype=torch.float32)))
+    shallow = Tree.from_paths([[0], [1], [0, 0]])
+    deep = rt.random_tree(rng, 25, depth=NUM_HEADS, topk=TOPK)
+    assert deep.depth == NUM_HEADS
+    for threshold, served in ((h1 + 0.5, shallow), (h1 - 0.5, deep)):
+        heads = rt.OracleHeads(model, prompt, reference, ranks, head_type=head_type, topk=TOPK)
+        schedule = Schedule((shallow, deep), (threshold,), EntropyEstimator.last(),
+                            DRAFT_ENTROPY)
+        result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+            prompt, BundleScheduler(schedule), max_new_tokens=30
+        )
+        assert result.tokens == reference[:30]
+        for step in result.step_log:
+            assert step.entropy_estimate == pytest.approx(h1, abs=1e-5)
+            assert step.depth == served.depth
+        positions, accepts = _replayed_accepts(rt, model, prompt, reference, ranks, 30, served,
+                                               head_type)
+        assert [s.position for s in result.step_log] == positions
+        assert result.accept_lengths == accepts
+        depth_one_calls = [rows for depth, rows in heads.calls if depth == 1]
+        assert depth_one_calls == [1] * result.steps
+        if head_type == "medusa":  # every step prepares heads 1..deepest tree, once each
+            expected = [(d, 1) for d in range(1, NUM_HEADS + 1)] * result.steps
+            assert heads.calls == expected

@@ -10,6 +10,7 @@ from entmtp.calibrate._heads import new_heads
 from entmtp.runtime._drafter import TreeDrafter
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._tree import Tree
 
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
@@ -48,3 +49,86 @@ def test_unknown_head_type_is_rejected():
 
     with pytest.raises(EntmtpError, match="head_type"):
         TreeDrafter(Heads())
+
+
+def _noisy_heads(model, head_type: str, *, shared_lm_head: bool = True):
+    heads = new_heads(model, head_type=head_type, num_heads=4, seed=3,
+                      shared_lm_head=shared_lm_head)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+    return heads
+
+
+@pytest.mark.parametrize(("head_type", "shared"),
+                         [("medusa", True), ("medusa", False), ("hydra", True)])
+def test_prepared_drafting_equals_unprepared(rt, head_type, shared):
+    heads = _noisy_heads(rt.sharp_llama(7), head_type, shared_lm_head=shared)
+    drafter = TreeDrafter(heads)
+    rng = np.random.default_rng(3)
+    generator = torch.Generator().manual_seed(2)
+    for trial in range(8):
+        tree = rt.random_tree(rng, int(rng.integers(0, 30)), depth=1 + trial % 4, topk=5)
+        plan = tree_plan(tree, 5 if trial % 3 else [6, 5, 5, 5])
+        hidden = torch.randn(1, heads.hidden_size, generator=generator)
+        root = torch.tensor([int(rng.integers(0, heads.vocab_size))])
+        with torch.inference_mode():
+            prepared = drafter.prepare(root, hidden, max_depth=4)
+            assert drafter.draft(plan, root, hidden, prepared).tolist() == \
+                drafter.draft(plan, root, hidden).tolist(), (trial, tree)
+            prefix = root.reshape(1, 1) if head_type == "hydra" else None
+            head1 = heads.head_logits(1, hidden, prefix)[0]
+            torch.testing.assert_close(prepared.first_logits, head1, rtol=1e-5, atol=1e-5)
+
+
+def test_prepared_medusa_projects_all_heads_once(rt, monkeypatch):
+    """Head 1 (for the entropy) and the deeper heads share one vocabulary matmul per step."""
+    import entmtp.runtime._drafter as drafter_module
+
+    heads = _noisy_heads(rt.sharp_llama(7), "medusa")
+    calls = []
+    real = drafter_module.project_rows
+
+    def counting(features, weight, bias):
+        calls.append(features.shape[0])
+        return real(features, weight, bias)
+
+    monkeypatch.setattr(drafter_module, "project_rows", counting)
+    drafter = TreeDrafter(heads)
+    plan = tree_plan(Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]]), 5)
+    hidden = torch.randn(1, heads.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        prepared = drafter.prepare(torch.tensor([3]), hidden, max_depth=4)
+        drafter.draft(plan, torch.tensor([3]), hidden, prepared)
+    assert calls == [4]
+
+
+def test_prepared_hydra_runs_level_one_once(rt, monkeypatch):
+    heads = _noisy_heads(rt.sharp_llama(7), "hydra")
+    calls = []
+    real = heads.head_logits
+
+    def counting(depth, hidden, prefix):
+        calls.append((depth, hidden.shape[0]))
+        return real(depth, hidden, prefix)
+
+    monkeypatch.setattr(heads, "head_logits", counting)
+    drafter = TreeDrafter(heads)
+    plan = tree_plan(Tree.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]]), 5)
+    hidden = torch.randn(1, heads.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        prepared = drafter.prepare(torch.tensor([3]), hidden, max_depth=3)
+        drafter.draft(plan, torch.tensor([3]), hidden, prepared)
+    assert calls == [(1, 1), (2, 2), (3, 1)]
+
+
+def test_draft_deeper_than_prepared_is_rejected(rt):
+    heads = _noisy_heads(rt.sharp_llama(7), "medusa")
+    drafter = TreeDrafter(heads)
+    hidden = torch.zeros(1, heads.hidden_size)
+    with torch.inference_mode():
+        prepared = drafter.prepare(torch.tensor([3]), hidden, max_depth=1)
+        with pytest.raises(EntmtpError, match="prepare"):
+            drafter.draft(tree_plan(Tree.from_paths([[0], [0, 0]]), 5), torch.tensor([3]),
+                          hidden, prepared)

@@ -15,12 +15,12 @@ from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import BaseModel
 from entmtp.calibrate._profiler import profile_prompts
 from entmtp.calibrate._tasks import TaskPrompt
-from entmtp.runtime._decode import SpeculativeDecoder
+from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._replay import replay
-from entmtp.treesearch._schedule import Schedule
+from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule
 from entmtp.treesearch._tree import Tree
 
 TOPK = 5
@@ -164,3 +164,42 @@ class _PromptRouter(torch.nn.Module):
             prefix = None if prefix_tokens is None else prefix_tokens[n : n + 1]
             rows.append(oracle.head_logits(depth, hidden[n : n + 1], prefix))
         return torch.cat(rows)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
+    """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's."""
+    base = _base(rt)
+    prompts = _prompts()
+    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=4)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    assert profile.has_draft_entropy
+    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [3], [4]]))
+    schedule = Schedule(trees, _thresholds(profile.draft_entropy()), EntropyEstimator.last(),
+                        DRAFT_ENTROPY)
+    scheduler = BundleScheduler(schedule)
+    assert scheduler.needs_draft_entropy
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    steps, _ = _compare(profile, decoder, scheduler, schedule, base, prompts)
+    assert steps > 20
+
+    used = set()
+    for trace in profile.traces:
+        ids = base.encode_task_prompt(prompts[trace.prompt_index])
+        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
+                                eos_token_ids=base.eos_token_ids)
+        plain = autoregressive_generate(base.model, ids, max_new_tokens=MAX_NEW,
+                                        eos_token_ids=base.eos_token_ids)
+        assert live.tokens == plain.tokens  # lossless
+        positions = [s.position for s in live.step_log]
+        np.testing.assert_allclose([s.entropy_estimate for s in live.step_log],
+                                   trace.draft_entropy[positions], atol=1e-4)
+        used.update(s.tree_index for s in live.step_log)
+    assert used == {0, 1, 2}  # the thresholds split the steps between every tree

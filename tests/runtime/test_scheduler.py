@@ -23,7 +23,7 @@ from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 from entmtp.treesearch._replay import replay
-from entmtp.treesearch._schedule import Schedule
+from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
 from entmtp.treesearch._tree import Tree
 
 TREES = (Tree.from_paths([[0]]), Tree.from_paths([[0], [1], [0, 0]]), Tree.from_paths([]))
@@ -63,12 +63,13 @@ def test_static_scheduler_always_serves_its_tree():
     assert choice.tree is TREES[1] and choice.index == 0 and math.isnan(choice.estimate)
 
 
-def _bundle(unit: str, thresholds, estimator: EntropyEstimator) -> Bundle:
+def _bundle(unit: str, thresholds, estimator: EntropyEstimator,
+            signal: str = BASE_ENTROPY) -> Bundle:
     return Bundle(
         model=ModelInfo("tiny", 128, 32),
         heads=HeadsInfo("medusa", 2, 2, "0" * 64),
         task="code",
-        entropy=EntropyInfo("base_entropy", unit, estimator),
+        entropy=EntropyInfo(signal, unit, estimator),
         thresholds=list(thresholds),
         trees=list(TREES),
         tree_stats=[TreeStats(1.0, 20.0)] * len(TREES),
@@ -189,3 +190,63 @@ def test_from_bundle_rejects_an_unknown_unit():
     bundle.entropy = EntropyInfo("base_entropy", "bans", EntropyEstimator.last())
     with pytest.raises(EntmtpError, match="unit"):
         BundleScheduler.from_bundle(bundle)
+
+
+def _draft_profile(seed: int) -> Profile:
+    """``_profile`` plus head 1 entropies unrelated to the base ones."""
+    rng = np.random.default_rng(seed + 100)
+    profile = _profile(seed)
+    traces = [Trace(t.prompt_index, t.prompt_id, t.entropy, t.ranks,
+                    draft_entropy=rng.gamma(2.0, 0.7, t.num_positions))
+              for t in profile.traces]
+    return Profile(profile.meta, traces)
+
+
+def test_static_scheduler_never_needs_the_draft_entropy():
+    scheduler = StaticScheduler(TREES[1])
+    assert not scheduler.needs_draft_entropy and scheduler.signal == BASE_ENTROPY
+    scheduler.observe_draft(3.0)
+    assert scheduler.choose().tree is TREES[1]
+
+
+def test_draft_signal_scheduler_chooses_from_the_observed_draft_entropy():
+    schedule = Schedule(TREES, (0.8, 1.9), EntropyEstimator.last(), DRAFT_ENTROPY)
+    scheduler = BundleScheduler(schedule)
+    assert scheduler.needs_draft_entropy and scheduler.signal == DRAFT_ENTROPY
+    assert not BundleScheduler(Schedule(TREES, (0.8, 1.9))).needs_draft_entropy
+    scheduler.reset()
+    scheduler.observe([5.0])  # a base entropy: ignored by a draft-signal choice
+    scheduler.observe_draft(1.0)
+    choice = scheduler.choose()
+    assert (choice.estimate, choice.index) == (1.0, 1)
+    scheduler.observe([0.1, 0.2])
+    scheduler.observe_draft(2.5)
+    choice = scheduler.choose()
+    assert (choice.estimate, choice.index) == (2.5, 2)
+    with pytest.raises(EntmtpError, match="observe_draft"):
+        scheduler.choose()  # the value of the step before is never reused
+
+
+def test_draft_signal_bundle_chooses_the_replayed_trees():
+    profile = _draft_profile(9)
+    nats_thresholds = (1.0, 1.9)
+    for bundle in (_bundle("nats", nats_thresholds, EntropyEstimator.last(), DRAFT_ENTROPY),
+                   _bundle("bits", [t / math.log(2) for t in nats_thresholds],
+                           EntropyEstimator.last(), DRAFT_ENTROPY)):
+        scheduler = BundleScheduler.from_bundle(bundle)
+        assert scheduler.needs_draft_entropy
+
+        def live(j: int, i: int, seen: list[float], scheduler=scheduler) -> int:
+            if i == 0:
+                scheduler.reset()
+            scheduler.observe(seen[-1:])  # base entropies still arrive; they must not matter
+            scheduler.observe_draft(float(profile.traces[j].draft_entropy[i]))
+            return scheduler.choose().index
+
+        def reference(j: int, i: int, seen: list[float]) -> int:
+            h = float(profile.traces[j].draft_entropy[i])
+            return sum(1 for t in nats_thresholds if t <= h)
+
+        expected = _walk(profile, reference)
+        assert len({k for _, _, k in expected}) == 3
+        assert _walk(profile, live) == expected == _replay_steps(profile, bundle.schedule())
