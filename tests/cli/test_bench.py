@@ -1,0 +1,280 @@
+"""`entmtp bench` with a Medusa and a Hydra bundle at once, through Typer's CliRunner on a tiny
+random Llama (its untied random lm_head gives varied continuations and entropies, so the
+calibrated schedules switch between trees).
+
+Both bundles are calibrated on every prompt (``--split all``) with a latency model that records
+1 torch thread; a bench over the same prompts and token budget replays on the calibration's own
+trajectories, so each bundle's calibration-split prediction is the reference for the replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from entmtp.cli import _bench
+from entmtp.cli._bench import TARGETS, Target
+from entmtp.cli.app import app
+from entmtp.treesearch import LatencyModel, Profile, load_bundle, oracle_replay, save_bundle
+
+runner = CliRunner()
+
+PROMPTS = ["def add(a, b):", "Once upon a time", "The quick brown fox", "x = [1, 2, 3]",
+           "import numpy as np", "Dear Sir or Madam,"]
+MAX_NEW_TOKENS = 20
+BUNDLE_THREADS = 1
+AR, MEDUSA_REF, HYDRA_REF = "autoregressive", "medusa-mc_sim_7b_63", "hydra-mc_sim_7b_63"
+
+
+def invoke(args: list) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    for needle in needles:
+        assert needle in lines[0], result.output
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> SimpleNamespace:
+    """A tiny model, Medusa and Hydra heads for it and a calibrated bundle for each."""
+    from entmtp.calibrate._heads import new_heads, save_heads
+    from support import make_char_tokenizer, make_tiny_llama
+
+    root = tmp_path_factory.mktemp("bench")
+    model = make_tiny_llama(0)
+    generator = torch.Generator().manual_seed(1000)
+    model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(model.lm_head.weight.shape, generator=generator) * 2.0)
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(root / "model")
+    make_char_tokenizer(model.config.vocab_size).save_pretrained(root / "model")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    latency = dataclasses.replace(
+        LatencyModel.cpu_like(),
+        hardware={"kind": "measured", "device": "cpu", "torch_threads": BUNDLE_THREADS},
+    ).save(root / "latency.json")
+    ns = SimpleNamespace(root=root, model=root / "model", data=data)
+    for head_type in ("medusa", "hydra"):
+        heads = save_heads(new_heads(model, head_type=head_type, num_heads=3),
+                           root / head_type, dtype=None)
+        run = root / f"run-{head_type}"
+        result = invoke(["calibrate", "--model", ns.model, "--heads", heads, "--data", data,
+                         "--split", "all", "--prompts", len(PROMPTS), "--max-new-tokens",
+                         MAX_NEW_TOKENS, "--schedule-trials", 8, "--latency", latency,
+                         "--out", run])
+        assert result.exit_code == 0, result.output
+        setattr(ns, f"{head_type}_heads", heads)
+        setattr(ns, f"{head_type}_run", run)
+    return ns
+
+
+def bench_args(two, *extra) -> list:
+    return ["bench", "--model", two.model, "--heads", two.medusa_heads, "--heads",
+            two.hydra_heads, "--data", two.data, "--split", "all", *extra]
+
+
+@pytest.fixture
+def spy(monkeypatch) -> SimpleNamespace:
+    """Records torch's thread count while the methods run and the rows the plot gets."""
+    seen = SimpleNamespace(threads=[], plotted=None)
+    measure, plot = _bench.run_side_by_side, _bench.plot_bench
+
+    def run_side_by_side(*args, **kwargs):
+        seen.threads.append(torch.get_num_threads())
+        return measure(*args, **kwargs)
+
+    def plot_bench(rows, path, **kwargs):
+        seen.plotted = [row["name"] for row in rows]
+        return plot(rows, path, **kwargs)
+
+    monkeypatch.setattr(_bench, "run_side_by_side", run_side_by_side)
+    monkeypatch.setattr(_bench, "plot_bench", plot_bench)
+    return seen
+
+
+def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, tmp_path):
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    torch.set_num_threads(2)  # the bundles' count wins over whatever torch runs with
+    result = invoke([*bench_args(two), "--bundle", two.medusa_run, "--bundle", two.hydra_run,
+                     "--prompts", len(PROMPTS), "--max-new-tokens", MAX_NEW_TOKENS,
+                     "--json", out, "--plot", plot])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert list(rows) == [AR, MEDUSA_REF, HYDRA_REF, "best-static[medusa]", "entmtp[medusa]",
+                          "best-static[hydra]", "entmtp[hydra]"]
+    assert [row["heads"] for row in rows.values()] == [None, "medusa", "hydra", "medusa",
+                                                     "medusa", "hydra", "hydra"]
+    for name, row in rows.items():
+        assert row["lossless"] is True, name
+        for base, value in row["speedup"].items():
+            assert value == row["tokens_per_second"] / rows[base]["tokens_per_second"]
+    # Each entmtp row against AR, both reference rows and its own type's best static only.
+    for kind, other in (("medusa", "hydra"), ("hydra", "medusa")):
+        assert set(rows[f"entmtp[{kind}]"]["speedup"]) == {
+            AR, MEDUSA_REF, HYDRA_REF, f"best-static[{kind}]"}
+        assert f"best-static[{other}]" not in rows[f"{kind}-mc_sim_7b_63"]["speedup"]
+
+    assert set(report["predictions"]) == {"medusa", "hydra"}
+    for kind, p in report["predictions"].items():
+        bundle = load_bundle(getattr(two, f"{kind}_run") / "bundle.json")
+        row = rows[f"entmtp[{kind}]"]
+        assert p["row"] == f"entmtp[{kind}]" and p["heads"] == kind
+        # The replay books the live decoder's steps exactly.
+        assert p["replay_step_agreement"] == 1.0
+        assert p["replayed"]["steps"] == row["steps"]
+        assert p["replayed"]["mean_accept_length"] == p["measured"]["mean_accept_length"]
+        assert p["measured"]["mean_accept_length"] == row["mean_accept_length"]
+        assert p["accept_length_ratio"] == 1.0
+        # Same prompts and budget as the calibration: the replay is the bundle's prediction.
+        assert p["calibration_predicted"] == {
+            "mean_accept_length": bundle.predicted.mean_accept_length,
+            "tokens_per_second": bundle.predicted.tokens_per_second}
+        assert p["replayed"]["mean_accept_length"] == bundle.predicted.mean_accept_length
+        assert p["replayed"]["tokens_per_second"] == pytest.approx(
+            bundle.predicted.tokens_per_second, rel=1e-12)
+        # The oracle over the bundle's trees (the calibration's bound is over all candidates).
+        trees = [*bundle.trees, bundle.best_static.tree]
+        profile = Profile.load(getattr(two, f"{kind}_run") / "profile.npz")
+        oracle = oracle_replay(profile, trees, bundle.latency).tokens_per_second
+        assert p["oracle"]["tokens_per_second"] == pytest.approx(oracle, rel=1e-12)
+        assert oracle <= bundle.predicted.oracle_tokens_per_second * (1 + 1e-12)
+        assert p["tokens_per_second_ratio"] == (row["tokens_per_second"]
+                                                / p["replayed"]["tokens_per_second"])
+        assert p["fraction_of_oracle"] == (p["replayed"]["tokens_per_second"]
+                                           / p["oracle"]["tokens_per_second"])
+        assert 0 < p["fraction_of_oracle"] <= 1
+        assert p["best_static"]["accept_length_ratio"] == 1.0
+        assert p["speedup_vs_best_static"] == row["speedup"][f"best-static[{kind}]"]
+        assert p[f"speedup_vs_{HYDRA_REF}"] == row["speedup"][HYDRA_REF]
+        assert p[f"speedup_vs_{MEDUSA_REF}"] == row["speedup"][MEDUSA_REF]
+        assert list(p["targets"]) == [t.key for t in TARGETS]
+        for target in TARGETS:
+            check = p["targets"][target.key]
+            assert check["value"] == p[target.key]
+            assert check["pass"] is target.passes(p[target.key])
+            assert check["pass"] is not None
+        assert p["targets"]["accept_length_ratio"]["pass"] is True
+        assert p["targets"]["lossless"]["pass"] is True
+        line = next(li for li in result.output.splitlines() if li.startswith(f"entmtp[{kind}]:"))
+        verdicts = [w for w in line.replace(",", " ").split() if w in ("PASS", "MISS", "n/a")]
+        assert verdicts == ["PASS" if p["targets"][t.key]["pass"] else "MISS" for t in TARGETS]
+    assert report["oracle"] is None  # two bundles: predictions[type]["oracle"]
+
+    assert report["threads"] == {"torch_threads": BUNDLE_THREADS,
+                                 "source": "bundle latency model", "cpu": True}
+    assert spy.threads == [BUNDLE_THREADS]
+    assert torch.get_num_threads() == 2  # restored
+    assert spy.plotted == [*rows, "oracle[medusa] (est.)", "oracle[hydra] (est.)"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_bundle_keeps_the_plain_row_names(two, spy, tmp_path):
+    """A bundle without a latency model: accept lengths are still replayed, tokens/s checks are
+    n/a, and the thread count comes from the bundle's hardware."""
+    bundle = load_bundle(two.hydra_run / "bundle.json")
+    assert bundle.hardware["torch_threads"] == BUNDLE_THREADS
+    untimed = save_bundle(dataclasses.replace(bundle, latency=None), tmp_path / "hydra.json")
+    out = tmp_path / "bench.json"
+    torch.set_num_threads(2)
+    result = invoke(["bench", "--model", two.model, "--heads", two.hydra_heads, "--data",
+                     two.data, "--split", "all", "--bundle", untimed, "--prompts", 2,
+                     "--max-new-tokens", 6, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert list(rows) == [AR, HYDRA_REF, "best-static", "entmtp"]
+    assert rows["entmtp"]["heads"] == "hydra"
+    assert set(rows["entmtp"]["speedup"]) == {AR, HYDRA_REF, "best-static"}
+    assert list(report["predictions"]) == ["hydra"]
+    assert report["oracle"] == report["predictions"]["hydra"]["oracle"]
+    p = report["predictions"]["hydra"]
+    assert p["replayed"]["mean_accept_length"] == rows["entmtp"]["mean_accept_length"]
+    assert p["replayed"]["tokens_per_second"] is None and p["tokens_per_second_ratio"] is None
+    assert p["oracle"]["source"] == "bundle prediction"
+    for key in ("tokens_per_second_ratio", "fraction_of_oracle", f"speedup_vs_{MEDUSA_REF}"):
+        assert p["targets"][key]["pass"] is None, key
+    line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
+    assert "tok/s meas/replay - n/a" in line and "accept meas/replay 1.000 PASS" in line
+    assert report["threads"]["torch_threads"] == BUNDLE_THREADS == spy.threads[0]
+
+
+def test_two_bundles_of_one_head_type_is_a_one_line_error(two, tmp_path):
+    copy = tmp_path / "copy.json"
+    copy.write_bytes((two.medusa_run / "bundle.json").read_bytes())
+    assert_one_line_error(invoke([*bench_args(two), "--bundle", two.medusa_run,
+                                  "--bundle", copy]), "medusa", "one bundle per head type")
+
+
+def test_two_heads_folders_of_one_type_is_a_one_line_error(two):
+    assert_one_line_error(invoke(["bench", "--model", two.model, "--heads", two.medusa_heads,
+                                  "--heads", two.medusa_heads, "--data", two.data, "--split",
+                                  "all", "--prompts", 1, "--max-new-tokens", 2]),
+                          "--heads", "medusa")
+
+
+def test_bundles_measured_with_other_thread_counts_need_threads(two, spy, tmp_path):
+    bundle = load_bundle(two.hydra_run / "bundle.json")
+    two_threads = {**bundle.latency.hardware, "torch_threads": 2}
+    hydra = save_bundle(dataclasses.replace(
+        bundle, hardware=two_threads,
+        latency=dataclasses.replace(bundle.latency, hardware=two_threads)),
+        tmp_path / "hydra.json")
+    args = [*bench_args(two), "--bundle", two.medusa_run, "--bundle", hydra, "--prompts", 1,
+            "--max-new-tokens", 4]
+    assert_one_line_error(invoke(args), "torch thread", "--threads")
+    assert_one_line_error(invoke([*args, "--threads", 0]), "--threads")
+    assert spy.threads == []
+
+    out = tmp_path / "bench.json"
+    torch.set_num_threads(2)  # the override wins over whatever torch runs with
+    result = invoke([*args, "--threads", 1, "--json", out])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["threads"] == {"torch_threads": 1, "source": "--threads",
+                                                      "cpu": True}
+    assert spy.threads == [1]
+    assert torch.get_num_threads() == 2
+
+
+def test_without_a_bundle_torch_keeps_its_thread_count(two, spy, tmp_path):
+    out = tmp_path / "bench.json"
+    torch.set_num_threads(2)
+    result = invoke([*bench_args(two), "--prompts", 1, "--max-new-tokens", 4, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [row["name"] for row in report["rows"]] == [AR, MEDUSA_REF, HYDRA_REF]
+    assert report["predictions"] == {} and report["oracle"] is None
+    assert report["threads"] == {"torch_threads": 2, "source": "torch default", "cpu": True}
+    assert spy.threads == [2]
+
+
+def test_targets_are_the_issues_and_pass_as_stated():
+    goals = {t.key: (t.at_least, t.within) for t in TARGETS}
+    assert goals == {
+        "speedup_vs_hydra-mc_sim_7b_63": (1.15, None),
+        "speedup_vs_medusa-mc_sim_7b_63": (1.36, None),
+        "speedup_vs_best_static": (1.0, None),
+        "fraction_of_oracle": (0.90, None),
+        "accept_length_ratio": (None, 0.01),
+        "tokens_per_second_ratio": (None, 0.10),
+        "lossless": (None, None),
+    }
+    at_least, within, flag = Target("a", "a", at_least=1.15), Target("b", "b", within=0.1), \
+        Target("c", "c")
+    assert at_least.passes(1.15) and not at_least.passes(1.149)
+    assert within.passes(0.91) and within.passes(1.09) and not within.passes(1.11)
+    assert not within.passes(0.89)
+    assert flag.passes(True) and not flag.passes(False)
+    for target in (at_least, within, flag):
+        assert target.passes(None) is None and target.passes(float("nan")) is None
