@@ -156,6 +156,7 @@ def profile_latency(
     vocab = model.get_output_embeddings().weight.shape[0]
     rows: list[tuple[int, int, float]] = []
     autoregressive: dict[int, float] = {}
+    prepare: dict[int, float] = {}  # heads run before a draft-entropy choice (see LatencyModel)
     plans = [decoder.plan(tree) for tree in measured]
     for length in context_lengths:
         prompt = torch.randint(0, vocab, (int(length),), generator=generator)
@@ -182,8 +183,16 @@ def profile_latency(
                 int(logits[-1].argmax())
             return clock.now() - start
 
+        def prepare_step(state: DecodingState = state) -> float:
+            start = clock.now()
+            with torch.inference_mode():
+                prepared = decoder.prepare(state, heads.num_heads)
+                float(entropy_from_logits(prepared.first_logits))
+            return clock.now() - start
+
         times: list[list[float]] = [[] for _ in plans]
         plain: list[float] = []
+        preparing: list[float] = []
         for round_index in range(warmup + repeats):
             for i, plan in enumerate(plans):
                 elapsed = tree_step(plan)
@@ -194,9 +203,13 @@ def profile_latency(
             restore()
             if round_index >= warmup:
                 plain.append(elapsed)
+            elapsed = prepare_step()  # reads the state only: nothing to restore
+            if round_index >= warmup:
+                preparing.append(elapsed)
         rows += [(tree.num_nodes, tree.depth, trimmed_mean(t)) for tree, t in zip(
             measured, times, strict=True)]
         autoregressive[int(length)] = trimmed_mean(plain)
+        prepare[int(length)] = trimmed_mean(preparing)
 
     hardware = {
         **hardware_info(model),
@@ -212,6 +225,7 @@ def profile_latency(
     return LatencyModel.from_measurements(
         rows,
         autoregressive_ms=statistics.fmean(autoregressive.values()),
+        prepare_ms=statistics.fmean(prepare.values()),
         hardware=hardware,
     )
 

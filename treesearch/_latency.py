@@ -4,8 +4,11 @@
 linear through the measured node counts (a forward over ``num_nodes + 1`` tokens plus the
 per-step drafting and bookkeeping that every tree pays), and ``depth_ms`` is the extra cost of
 each tree level (Hydra drafts level by level; Medusa's is near zero). ``num_nodes == 0`` is a
-step that drafts nothing but still runs the heads; ``autoregressive_ms`` is one plain decode step
-without heads, the baseline for speedups.
+step that drafts nothing (one token through the decoding step); ``autoregressive_ms`` is one plain
+decode step without heads, the baseline for speedups. ``prepare_ms`` is what a draft-entropy
+schedule adds to a step whose tree is empty: it runs the heads (Medusa: all of them in one
+projection; Hydra: head 1) to read head 1's entropy before choosing, and an empty tree does not
+reuse them (any other tree drafts from those results, so pays nothing extra).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class LatencyModel:
     verify_ms: tuple[float, ...]  # step time at each node count (depth-independent part)
     autoregressive_ms: float  # one plain decode step without heads
     depth_ms: float = 0.0  # extra time per tree level
+    prepare_ms: float = 0.0  # draft-entropy schedules: heads run before an empty tree's step
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
 
@@ -41,7 +45,8 @@ class LatencyModel:
             raise EntmtpError("latency model needs one verify_ms per node count")
         if nodes[0] != 0 or any(b <= a for a, b in zip(nodes, nodes[1:], strict=False)):
             raise EntmtpError("latency model node counts must start at 0 and ascend strictly")
-        values = (*verify, float(self.autoregressive_ms), float(self.depth_ms))
+        values = (*verify, float(self.autoregressive_ms), float(self.depth_ms),
+                  float(self.prepare_ms))
         if not all(np.isfinite(values)) or min(values) < 0:
             raise EntmtpError("latency model times must be finite and non-negative")
         object.__setattr__(self, "nodes", nodes)
@@ -69,6 +74,7 @@ class LatencyModel:
         measurements: Sequence[tuple[int, int, float]],
         *,
         autoregressive_ms: float,
+        prepare_ms: float = 0.0,
         hardware: dict[str, Any] | None = None,
     ) -> LatencyModel:
         """Least-squares fit of ``verify`` (one value per measured node count) and ``depth_ms``.
@@ -91,6 +97,7 @@ class LatencyModel:
             verify_ms=verify_ms,
             autoregressive_ms=float(autoregressive_ms),
             depth_ms=depth_ms,
+            prepare_ms=float(prepare_ms),
             hardware=dict(hardware or {}),
             measurements=tuple(rows),
         )
@@ -134,6 +141,7 @@ class LatencyModel:
                 verify_ms=tuple(obj["verify_ms"]),
                 autoregressive_ms=float(obj["autoregressive_ms"]),
                 depth_ms=float(obj.get("depth_ms", 0.0)),
+                prepare_ms=float(obj.get("prepare_ms", 0.0)),
                 hardware=dict(obj.get("hardware", {})),
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
             )

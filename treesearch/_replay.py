@@ -190,15 +190,30 @@ class Replayer:
                 i += jump[i]
         return np.asarray(steps, dtype=np.int64)
 
-    def time_ms(self, tree_at: np.ndarray) -> float:
+    def step_costs(self, signal: str = BASE_ENTROPY) -> np.ndarray:
+        """Modelled ms of a step with each tree under ``signal``: float64 ``[trees]``.
+
+        A draft-entropy schedule runs the heads before choosing; only an empty tree does not
+        reuse them, so only its steps pay the latency model's ``prepare_ms``.
+        """
+        costs = np.asarray(self.tree_ms, dtype=np.float64)
+        if signal == DRAFT_ENTROPY and self.latency.prepare_ms > 0:
+            empty = np.array([t.num_nodes == 0 for t in self.trees])
+            costs = costs + np.where(empty, self.latency.prepare_ms, 0.0)
+        return costs
+
+    def time_ms(self, tree_at: np.ndarray, signal: str = BASE_ENTROPY) -> float:
         """Total modelled time of the replay (the search's objective; cheaper than ``run``)."""
         steps = self.step_starts(tree_at)
-        return float(np.asarray(self.tree_ms)[tree_at[steps]].sum())
+        return float(self.step_costs(signal)[tree_at[steps]].sum())
 
-    def run(self, tree_at: np.ndarray, *, estimates: np.ndarray | None = None) -> ReplayResult:
+    def run(
+        self, tree_at: np.ndarray, *, estimates: np.ndarray | None = None,
+        signal: str = BASE_ENTROPY,
+    ) -> ReplayResult:
         """Full replay record for a tree index per position."""
         tree_at = np.asarray(tree_at, dtype=np.int64)
-        return self._result(self.step_starts(tree_at), tree_at, estimates)
+        return self._result(self.step_starts(tree_at), tree_at, estimates, signal)
 
     def run_schedule(
         self,
@@ -208,7 +223,7 @@ class Replayer:
         signal: str = BASE_ENTROPY,
     ) -> ReplayResult:
         tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees, signal)
-        return self.run(tree_at, estimates=self.estimates(estimator, signal))
+        return self.run(tree_at, estimates=self.estimates(estimator, signal), signal=signal)
 
     def static(self, index: int) -> ReplayResult:
         """Replay with ``self.trees[index]`` at every step."""
@@ -242,11 +257,13 @@ class Replayer:
         return self.run(choice)
 
     def _result(
-        self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None
+        self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None,
+        signal: str = BASE_ENTROPY,
     ) -> ReplayResult:
         step_tree = tree_at[steps]
         step_accept = self.accept[step_tree, steps]
-        step_ms = np.asarray(self.tree_ms, dtype=np.float64)[step_tree]
+        costs = self.step_costs(signal)
+        step_ms = costs[step_tree]
         # The step's trajectory: the last one starting at or before it (empty ones are skipped).
         step_trace = np.searchsorted(self.starts, steps, side="right").astype(np.int64) - 1
         num_traces = len(self.starts)
@@ -273,7 +290,7 @@ class Replayer:
             steps=len(steps),
             time_ms=math.fsum(step_ms.tolist()),
             autoregressive_ms=self.num_tokens * ar_ms,
-            tree_ms=self.tree_ms,
+            tree_ms=tuple(costs.tolist()),
             traces=traces,
             step_trace=step_trace,
             step_position=steps - self.starts[step_trace],

@@ -125,7 +125,15 @@ def search(
         entropy, ranks, edges, latency, study_name=f"{name}-shapes", **front_kwargs
     )
     pool = [c.tree for c in front] + [c.tree for f in bucket_fronts for c in f]
-    candidates = select_candidates(pool, settings.max_candidates)
+    if profile.has_draft_entropy:  # trees sized for confident and unsure drafts
+        draft = profile.draft_entropy()
+        draft_edges = entropy_bucket_edges(draft, settings.report_buckets)
+        pool += [c.tree for f in fronts_by_bucket(draft, ranks, draft_edges, latency,
+                                                  study_name=f"{name}-draft-shapes",
+                                                  **front_kwargs) for c in f]
+    # The empty tree is a plain decoding step: where drafts rarely pay (unsure heads, or a
+    # machine where verifying one more token costs much), a schedule may skip drafting.
+    candidates = select_candidates([Tree.from_paths([]), *pool], settings.max_candidates)
     schedule = calibrate_schedule(
         profile,
         candidates,

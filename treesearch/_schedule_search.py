@@ -103,7 +103,8 @@ def thresholds_from_levels(estimates: np.ndarray, levels: Sequence[float]) -> tu
 def _fingerprint(profile: Profile, candidates: Sequence[Tree], latency: LatencyModel) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([t.to_json() for t in candidates]).encode())
-    digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms]).encode())
+    digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms,
+                              latency.prepare_ms]).encode())
     digest.update(np.ascontiguousarray(profile.entropy()).tobytes())
     digest.update(np.ascontiguousarray(profile.ranks()).tobytes())
     return digest.hexdigest()[:16]
@@ -170,10 +171,12 @@ class _Objective:
             key = (signal, estimator, thresholds, tuple(assignment))
             if key not in self._times:
                 tree_at = np.asarray(assignment, dtype=np.int64)[buckets]
-                self._times[key] = self.replayer.time_ms(tree_at)
+                self._times[key] = self.replayer.time_ms(tree_at, signal)
             return self._times[key]
 
-        best = self.static_ms
+        # A draft-entropy schedule that serves one tree everywhere costs at least the static
+        # tree (more, if that tree is empty): start from what this signal really costs.
+        best = time_of(choice)
         changed = True
         while changed:
             changed = False

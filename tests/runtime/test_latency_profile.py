@@ -53,7 +53,7 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
     assert len(latency.measurements) == 2 * 7  # every tree at both context lengths
     assert latency.nodes == (0, 1, 3, 4, 6)
     assert all(ms > 0 and math.isfinite(ms) for _, _, ms in latency.measurements)
-    assert latency.autoregressive_ms > 0
+    assert latency.autoregressive_ms > 0 and latency.prepare_ms > 0
     hardware = latency.hardware
     for key in ("device", "device_name", "torch", "cpu_count", "dtype", "context_lengths"):
         assert key in hardware

@@ -81,9 +81,13 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
     latency = LatencyModel.from_measurements(
         [(n, d, v + depth_ms * d) for n, v in zip(knots, values, strict=True) for d in (1, 2)],
         autoregressive_ms=2.0,
+        prepare_ms=0.75,
         hardware={"kind": "test", "threads": 2},
     )
     assert LatencyModel.from_json(json.loads(json.dumps(latency.to_json()))) == latency
+    older = latency.to_json()
+    del older["prepare_ms"]  # models measured before draft-entropy schedules existed
+    assert LatencyModel.from_json(older).prepare_ms == 0.0
     path = tmp_path_factory.mktemp("latency") / "latency.json"
     assert LatencyModel.load(latency.save(path)) == latency
 
@@ -100,6 +104,8 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
         {"nodes": (0, 4), "verify_ms": (1.0, float("inf"))},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "depth_ms": -1.0},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "autoregressive_ms": -1.0},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": -0.5},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": float("nan")},
     ],
 )
 def test_bad_values_rejected(kwargs) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -102,7 +103,10 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             k = sum(1 for t in schedule.thresholds if t <= estimate)
             tree = schedule.trees[k]
             accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
-            steps.append((j, i, k, accepted, latency.tree_ms(tree)))
+            cost = latency.tree_ms(tree)
+            if schedule.signal == "draft_entropy" and tree.num_nodes == 0:
+                cost += latency.prepare_ms  # the heads ran for the choice; nothing reuses them
+            steps.append((j, i, k, accepted, cost))
             i += accepted
     return steps
 
@@ -303,8 +307,17 @@ def test_draft_signal_replay_matches_the_step_by_step_reference(seed):
     profile = random_profile(seed, draft=True)
     base = random_schedule(rng, profile)
     thresholds = tuple(np.sort(rng.uniform(0.0, 3.0, len(base.trees) - 1)))
-    schedule = Schedule(base.trees, thresholds, EntropyEstimator.last(), "draft_entropy")
-    result = check_against_reference(profile, schedule, LATENCIES[seed % len(LATENCIES)])
+    trees = (Tree.from_paths([]), *base.trees[1:]) if seed % 2 else base.trees
+    schedule = Schedule(trees, thresholds, EntropyEstimator.last(), "draft_entropy")
+    latency = dataclasses.replace(LATENCIES[seed % len(LATENCIES)], prepare_ms=3.25)
+    result = check_against_reference(profile, schedule, latency)
+    empty_steps = sum(1 for k in result.step_tree.tolist() if trees[k].num_nodes == 0)
+    assert result.time_ms == pytest.approx(
+        sum(latency.tree_ms(trees[k]) for k in result.step_tree.tolist()) + 3.25 * empty_steps)
+    if seed % 2:
+        assert empty_steps > 0
+    base_signal = replay(profile, Schedule(trees, thresholds, EntropyEstimator.last()), latency)
+    assert all(c == latency.tree_ms(t) for c, t in zip(base_signal.tree_ms, trees, strict=True))
     steps = result.step_position + np.asarray([0, *np.cumsum(
         [t.num_positions for t in profile.traces])[:-1]])[result.step_trace]
     np.testing.assert_array_equal(result.step_estimate, profile.draft_entropy()[steps])
