@@ -80,9 +80,6 @@ class LatencyModel:
         """Least-squares fit of ``verify`` (one value per measured node count) and ``depth_ms``.
 
         Every measured node count becomes a knot; 0 is added (extrapolated flat) if missing.
-        The knot values are then made non-decreasing in the node count (weighted isotonic
-        regression): verifying more tokens never costs less, and on a shared machine a noisy
-        dip would otherwise make the search prefer a larger tree for nothing.
         """
         rows = [(int(n), int(d), float(ms)) for n, d, ms in measurements]
         if not rows:
@@ -91,8 +88,6 @@ class LatencyModel:
         verify, depth_ms = _fit_knots(rows, knots, fit_depth=len({d for _, d, _ in rows}) > 1)
         if depth_ms < 0:  # a depth term that helps would be positive: refit without it
             verify, depth_ms = _fit_knots(rows, knots, fit_depth=False)
-        counts = [sum(1 for n, _, _ in rows if n == k) for k in knots]
-        verify = non_decreasing(verify, counts)
         if knots[0] != 0:  # no step without a tree was measured: extend the first value flat
             knots, verify = [0, *knots], [verify[0], *verify]
         ordered = knots
@@ -166,20 +161,6 @@ class LatencyModel:
         except (OSError, json.JSONDecodeError) as err:
             raise EntmtpError(f"latency file {path} is unreadable or not JSON: {err}") from err
         return cls.from_json(obj)
-
-
-def non_decreasing(values: Sequence[float], weights: Sequence[float]) -> list[float]:
-    """Weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [weighted mean, total weight, count]
-    for value, weight in zip(values, weights, strict=True):
-        blocks.append([float(value), float(weight), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean_b, weight_b, count_b = blocks.pop()
-            mean_a, weight_a, count_a = blocks[-1]
-            total = weight_a + weight_b
-            blocks[-1] = [(mean_a * weight_a + mean_b * weight_b) / total, total,
-                          count_a + count_b]
-    return [mean for mean, _, count in blocks for _ in range(count)]
 
 
 def _fit_knots(
