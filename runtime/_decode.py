@@ -21,6 +21,16 @@ With a scheduler on the draft-entropy signal (``needs_draft_entropy``) a step fi
 draft (the heads' first results, counted in its ``draft_ms``), gives head 1's entropy there to the
 scheduler, then chooses the tree and drafts it from the prepared results; the base entropies of
 the accepted path are then not computed, since the choice does not read them.
+
+When the chosen tree is empty (a plain step) and the heads fuse with the base model (Medusa heads
+sharing its lm_head, ``fuses_with_base``), the step runs the backbone on the pending token and
+then one projection of ``[hidden; head 1..D features]`` through the shared lm_head: row 0 gives
+the next token, rows 1..D are the next step's prepared heads (its state is this hidden state),
+so the next step does not prepare again. The cache is the unfused step's (the same backbone
+call); the next token is the argmax of the same row, up to the projection kernel's float
+rounding. Such a step logs the heads' features and the projection in ``verify_ms``; the step
+after it logs no preparation in ``draft_ms``. The replay books this with the latency model's
+``fused_empty_ms``.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
-from ._drafter import Prepared, TreeDrafter
+from ._drafter import Prepared, TreeDrafter, fuses_with_base
 from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler
@@ -47,6 +57,7 @@ from ._verify import (
     forward_tokens,
     greedy_accept,
     probe_tree_attention,
+    tree_backbone,
     tree_forward,
 )
 
@@ -192,6 +203,8 @@ class SpeculativeDecoder:
                 "trained for this model"
             )
         self.drafter = TreeDrafter(heads)
+        # Empty-tree steps of draft-entropy schedules also prepare the next step's heads.
+        self.fuses_empty = fuses_with_base(model, heads)
         self.clock = _Clock(self.device)
 
     def plan(self, tree: Tree) -> TreePlan:
@@ -243,6 +256,37 @@ class SpeculativeDecoder:
         t3 = clock.now()
         return StepOutcome(plan, node_tokens, path, next_token, hidden, logits,
                            t1 - t0, t2 - t1, t3 - t2)
+
+    @torch.inference_mode()
+    def fused_empty_step(
+        self, state: DecodingState, plan: TreePlan, accept: AcceptFn, max_depth: int
+    ) -> tuple[StepOutcome, Prepared]:
+        """``step`` with the empty tree ``plan``, fused with the next step's ``prepare``.
+
+        The backbone runs on the pending token as in ``step`` (the same cache update); one
+        projection then gives its logits and the heads' at its hidden state, returned as the
+        ``Prepared`` of the state that ``commit`` leaves (for trees of depth <= ``max_depth``).
+        Only for ``fuses_empty`` heads; ``verify_ms`` includes the heads and the projection.
+        """
+        if not self.fuses_empty:
+            raise EntmtpError(
+                "these draft heads do not share the model's lm_head: only Medusa heads with a "
+                "shared lm_head fuse into a plain step (use step)"
+            )
+        if plan.num_nodes != 0:
+            raise EntmtpError(f"a fused step verifies the empty tree, got {plan.num_nodes} nodes")
+        clock = self.clock
+        t0 = clock.now()
+        root = self._root(state)
+        hidden = tree_backbone(self.model, state.cache, plan, root, state.past_len,
+                               dtype=self.dtype)
+        logits, prepared = self.drafter.project_with_base(hidden, max_depth)
+        t1 = clock.now()
+        path, next_token = accept(plan, root, logits)
+        t2 = clock.now()
+        outcome = StepOutcome(plan, [state.pending], path, next_token, hidden, logits,
+                              0.0, t1 - t0, t2 - t1)
+        return outcome, prepared
 
     def _root(self, state: DecodingState) -> torch.Tensor:
         return torch.tensor([state.pending], dtype=torch.int64, device=self.device)
@@ -302,6 +346,7 @@ class SpeculativeDecoder:
         for tree in scheduler.trees:
             self.plan(tree)
         by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        fuse = by_draft and self.fuses_empty
         max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         eos = frozenset(int(t) for t in eos_token_ids)
         if max_new_tokens == 0:
@@ -330,19 +375,25 @@ class SpeculativeDecoder:
             on_step(None, list(tokens))
 
         log: list[StepLog] = []
+        ready: Prepared | None = None  # prepared by the previous (fused empty) step
         decode_start = clock.now()
         while len(tokens) < max_new_tokens and tokens[-1] not in eos:
             t0 = clock.now()
             emitted_before = len(tokens)
             prepared, t_prepared = None, t0
             if by_draft:
-                prepared = self.prepare(state, max_depth)
+                prepared, ready = ready, None
+                if prepared is None:
+                    prepared = self.prepare(state, max_depth)
                 t_prepared = clock.now()
                 scheduler.observe_draft(float(entropy_from_logits(prepared.first_logits)))
             choice = scheduler.choose()
             plan = tree_plan(choice.tree, self.topk, self.device)
             t1 = clock.now()
-            outcome = self.step(state, plan, accept, prepared)
+            if fuse and plan.num_nodes == 0:
+                outcome, ready = self.fused_empty_step(state, plan, accept, max_depth)
+            else:
+                outcome = self.step(state, plan, accept, prepared)
             t2 = clock.now()
             drafts = _cut([outcome.node_tokens[node] for node in outcome.path[1:]],
                           max_new_tokens - len(tokens), eos)

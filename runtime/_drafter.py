@@ -8,6 +8,12 @@ node's path prefix, so they run level by level, batched over the level's distinc
 schedule needs head 1's distribution to choose it): Medusa's heads 1..max_depth in one
 projection, Hydra's level 1 (head 1 with the root as its prefix). ``draft(..., prepared)`` then
 reuses them, so the heads never run twice in a step.
+
+``project_with_base`` fuses the heads into a plain step (Medusa heads that share the base
+lm_head, ``fuses_with_base``): one projection of ``[hidden; head 1..D features]`` gives the base
+logits (row 0) and the heads' logits at that same hidden state, which is the next step's state,
+so that step's ``Prepared`` comes for free. Hydra's head 1 reads the next root token, which only
+the base logits decide, so Hydra heads never fuse.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from entmtp.calibrate._heads import project_rows
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan
+from ._verify import LOGIT_TRANSFORMS
 
 HEAD_TYPES = ("medusa", "hydra")
 
@@ -65,6 +72,19 @@ class TreeDrafter:
         # The same call as the first level of _draft_hydra (one parent: the root).
         logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
         return Prepared(self.heads.num_heads, logits)
+
+    @torch.inference_mode()
+    def project_with_base(
+        self, hidden: torch.Tensor, max_depth: int
+    ) -> tuple[torch.Tensor, Prepared]:
+        """Base logits [1, V] at ``hidden`` [1, hidden_size] and ``prepare(_, hidden, max_depth)``
+        from one projection through the shared lm_head (only for ``fuses_with_base`` heads)."""
+        depth = max(int(max_depth), 1)
+        weight, bias = self.heads.projection_weight(1)
+        features = medusa_features(self.heads, hidden, depth)
+        rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
+        logits = project_rows(rows, weight, bias)  # [1 + depth, V]
+        return logits[:1], Prepared(depth, logits[1:])
 
     @torch.inference_mode()
     def draft(
@@ -128,9 +148,45 @@ def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> t
     is read once per step; otherwise ``all_head_logits`` or one ``head_logits`` call per head.
     """
     if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
-        features = torch.cat([heads.head_features(d, hidden, None) for d in range(1, depth + 1)])
         weight, bias = heads.projection_weight(1)
-        return project_rows(features.to(weight.dtype), weight, bias)
+        return project_rows(medusa_features(heads, hidden, depth).to(weight.dtype), weight, bias)
     if hasattr(heads, "all_head_logits"):
         return heads.all_head_logits(hidden)[:depth, 0]
     return torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)])
+
+
+def medusa_features(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+    """Inputs [depth, hidden_size] of heads 1..depth's vocabulary projection at ``hidden``."""
+    return torch.cat([heads.head_features(d, hidden, None) for d in range(1, depth + 1)])
+
+
+def fuses_with_base(model: torch.nn.Module, heads: torch.nn.Module) -> bool:
+    """Whether one projection can give ``model``'s logits and ``heads``' (``project_with_base``).
+
+    Medusa heads whose vocabulary projection is the model's own lm_head (the same weight and
+    bias tensors), a plain ``nn.Linear``, with no logit soft-capping or scaling after it.
+    """
+    if getattr(heads, "head_type", None) != "medusa" or not getattr(heads, "shared_lm_head", False):
+        return False
+    if not (hasattr(heads, "head_features") and hasattr(heads, "projection_weight")):
+        return False
+    lm_head = model.get_output_embeddings()
+    linear = torch.nn.Linear
+    if not isinstance(lm_head, linear) or type(lm_head).forward is not linear.forward:
+        return False
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config(decoder=True) if config is not None else None
+    if any(getattr(text_config, attribute, None) for attribute in LOGIT_TRANSFORMS):
+        return False
+    weight, bias = heads.projection_weight(1)
+    return _same_tensor(weight, lm_head.weight) and (
+        _same_tensor(bias, lm_head.bias) if bias is not None or lm_head.bias is not None else True
+    )
+
+
+def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """The same storage, layout and dtype (a ``detach()`` of ``b`` counts as ``b``)."""
+    if a is None or b is None:
+        return False
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)

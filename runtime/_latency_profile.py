@@ -8,7 +8,11 @@ the heads allow) and a wide one (as shallow as the top-k allows), plus any trees
 
 Timing is interleaved: each round times one step of every tree (and one plain decode step), so a
 slow spell of a shared machine lands on all trees alike instead of on whichever tree was being
-timed; ``warmup`` untimed rounds come first. A point's time is the trimmed mean of its ``repeats``
+timed; ``warmup`` untimed rounds come first. Each round also times the heads' preparation for a
+draft-entropy choice (``prepare_ms``) and, when the heads fuse with the base model's lm_head
+(Medusa with a shared lm_head), one fused empty-tree step (``fused_empty_ms``: the plain step
+whose projection also yields the next step's heads, plus that head 1's entropy), cache restored
+after it like the other steps. A point's time is the trimmed mean of its ``repeats``
 (``TRIM`` cut at each end): the mean, because a decode's time is the sum of its steps, trimmed so
 that one stray pause does not move it. The median used before sat below the live mean on a loaded
 machine (steps have a long right tail), so bundles over-promised tokens/s.
@@ -157,6 +161,8 @@ def profile_latency(
     rows: list[tuple[int, int, float]] = []
     autoregressive: dict[int, float] = {}
     prepare: dict[int, float] = {}  # heads run before a draft-entropy choice (see LatencyModel)
+    fused: dict[int, float] = {}  # empty-tree step that also prepares the next one
+    empty_plan = decoder.plan(Tree.from_paths([]))
     plans = [decoder.plan(tree) for tree in measured]
     for length in context_lengths:
         prompt = torch.randint(0, vocab, (int(length),), generator=generator)
@@ -190,9 +196,19 @@ def profile_latency(
                 float(entropy_from_logits(prepared.first_logits))
             return clock.now() - start
 
+        def fused_step(state: DecodingState = state) -> float:
+            start = clock.now()
+            with torch.inference_mode():
+                outcome, prepared = decoder.fused_empty_step(state, empty_plan, greedy_accept,
+                                                             heads.num_heads)
+                decoder.commit(state, outcome, outcome.path)
+                float(entropy_from_logits(prepared.first_logits))  # the next step's choice
+            return clock.now() - start
+
         times: list[list[float]] = [[] for _ in plans]
         plain: list[float] = []
         preparing: list[float] = []
+        fusing: list[float] = []
         for round_index in range(warmup + repeats):
             for i, plan in enumerate(plans):
                 elapsed = tree_step(plan)
@@ -206,10 +222,17 @@ def profile_latency(
             elapsed = prepare_step()  # reads the state only: nothing to restore
             if round_index >= warmup:
                 preparing.append(elapsed)
+            if decoder.fuses_empty:
+                elapsed = fused_step()
+                restore()
+                if round_index >= warmup:
+                    fusing.append(elapsed)
         rows += [(tree.num_nodes, tree.depth, trimmed_mean(t)) for tree, t in zip(
             measured, times, strict=True)]
         autoregressive[int(length)] = trimmed_mean(plain)
         prepare[int(length)] = trimmed_mean(preparing)
+        if fusing:
+            fused[int(length)] = trimmed_mean(fusing)
 
     hardware = {
         **hardware_info(model),
@@ -226,6 +249,7 @@ def profile_latency(
         rows,
         autoregressive_ms=statistics.fmean(autoregressive.values()),
         prepare_ms=statistics.fmean(prepare.values()),
+        fused_empty_ms=statistics.fmean(fused.values()) if fused else None,
         hardware=hardware,
     )
 

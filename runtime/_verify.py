@@ -1,7 +1,8 @@
 """The scorer: one base-model forward over a tree, and greedy acceptance of its longest path.
 
 The forward calls the decoder and the output embedding separately so that a step has both the
-final-norm hidden states (which feed the draft heads) and the logits.
+final-norm hidden states (which feed the draft heads) and the logits; ``tree_backbone`` stops
+before the lm_head, for a step that projects the hidden state together with the heads' rows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from ._tree_attention import TreePlan
 
 # Attention kernels that apply a custom additive 4D mask as given.
 TREE_ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+# Config attributes of models whose logits are not the plain lm_head output.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale")
 
 
 def check_tree_attention_support(model: torch.nn.Module) -> None:
@@ -49,7 +52,7 @@ def check_tree_attention_support(model: torch.nn.Module) -> None:
             f"{name} has sliding-window or non-full attention layers: tree decoding needs "
             "full attention in every layer"
         )
-    for attribute in ("final_logit_softcapping", "logit_scale"):
+    for attribute in LOGIT_TRANSFORMS:
         if getattr(text_config, attribute, None):
             raise EntmtpError(
                 f"{name} transforms its logits ({attribute}) after the lm_head: tree decoding "
@@ -69,6 +72,20 @@ def forward_tokens(
 
     Returns the final-norm hidden states [q, hidden_size] and the logits [q, vocab].
     """
+    hidden = backbone_forward(model, cache, input_ids, position_ids=position_ids,
+                              attention_mask=attention_mask)
+    return hidden, model.get_output_embeddings()(hidden)
+
+
+def backbone_forward(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    input_ids: torch.Tensor,
+    *,
+    position_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``forward_tokens`` without the lm_head: the final-norm hidden states [q, hidden_size]."""
     out = model.get_decoder()(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -76,8 +93,7 @@ def forward_tokens(
         cache=cache,
         use_cache=True,
     )
-    hidden = out.last_hidden_state[0]
-    return hidden, model.get_output_embeddings()(hidden)
+    return out.last_hidden_state[0]
 
 
 def tree_forward(
@@ -90,10 +106,24 @@ def tree_forward(
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify ``tokens`` [q] (root first) laid out as ``plan`` after ``past_len`` cached tokens."""
+    hidden = tree_backbone(model, cache, plan, tokens, past_len, dtype=dtype)
+    return hidden, model.get_output_embeddings()(hidden)
+
+
+def tree_backbone(
+    model: torch.nn.Module,
+    cache: DynamicCache,
+    plan: TreePlan,
+    tokens: torch.Tensor,
+    past_len: int,
+    *,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``tree_forward`` without the lm_head: the same cache update, hidden states [q, hidden]."""
     mask = plan.attention_mask(past_len, dtype)
     positions = (plan.depths + past_len).unsqueeze(0)
-    return forward_tokens(model, cache, tokens.unsqueeze(0), position_ids=positions,
-                          attention_mask=mask)
+    return backbone_forward(model, cache, tokens.unsqueeze(0), position_ids=positions,
+                            attention_mask=mask)
 
 
 def longest_accepted_path(plan: TreePlan, node_ok: torch.Tensor) -> list[int]:

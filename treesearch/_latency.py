@@ -9,6 +9,13 @@ decode step without heads, the baseline for speedups. ``prepare_ms`` is what a d
 schedule adds to a step whose tree is empty: it runs the heads (Medusa: all of them in one
 projection; Hydra: head 1) to read head 1's entropy before choosing, and an empty tree does not
 reuse them (any other tree drafts from those results, so pays nothing extra).
+
+``fused_empty_ms`` (``None``: the heads cannot be fused) is an empty-tree step whose one
+vocabulary projection also computes the draft heads' logits for the next step (Medusa heads
+sharing the base lm_head: rows ``[hidden; head 1..D features]`` through that one matrix, then
+head 1's entropy for the next choice). A draft-entropy schedule then pays, for an empty-tree
+step, ``fused_empty_ms`` plus ``prepare_ms`` unless the previous step of the trajectory was an
+empty-tree step too (whose fused projection already prepared this one); see the replay.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class LatencyModel:
     autoregressive_ms: float  # one plain decode step without heads
     depth_ms: float = 0.0  # extra time per tree level
     prepare_ms: float = 0.0  # draft-entropy schedules: heads run before an empty tree's step
+    fused_empty_ms: float | None = None  # empty step that also prepares the next (None: no fusion)
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
 
@@ -45,10 +53,12 @@ class LatencyModel:
             raise EntmtpError("latency model needs one verify_ms per node count")
         if nodes[0] != 0 or any(b <= a for a, b in zip(nodes, nodes[1:], strict=False)):
             raise EntmtpError("latency model node counts must start at 0 and ascend strictly")
+        fused = None if self.fused_empty_ms is None else float(self.fused_empty_ms)
         values = (*verify, float(self.autoregressive_ms), float(self.depth_ms),
-                  float(self.prepare_ms))
+                  float(self.prepare_ms), *(() if fused is None else (fused,)))
         if not all(np.isfinite(values)) or min(values) < 0:
             raise EntmtpError("latency model times must be finite and non-negative")
+        object.__setattr__(self, "fused_empty_ms", fused)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "verify_ms", verify)
 
@@ -75,6 +85,7 @@ class LatencyModel:
         *,
         autoregressive_ms: float,
         prepare_ms: float = 0.0,
+        fused_empty_ms: float | None = None,
         hardware: dict[str, Any] | None = None,
     ) -> LatencyModel:
         """Least-squares fit of ``verify`` (one value per measured node count) and ``depth_ms``.
@@ -98,6 +109,7 @@ class LatencyModel:
             autoregressive_ms=float(autoregressive_ms),
             depth_ms=depth_ms,
             prepare_ms=float(prepare_ms),
+            fused_empty_ms=fused_empty_ms,
             hardware=dict(hardware or {}),
             measurements=tuple(rows),
         )
@@ -129,6 +141,8 @@ class LatencyModel:
         out["nodes"] = list(self.nodes)
         out["verify_ms"] = list(self.verify_ms)
         out["measurements"] = [list(m) for m in self.measurements]
+        if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
+            del out["fused_empty_ms"]
         return out
 
     @classmethod
@@ -142,6 +156,7 @@ class LatencyModel:
                 autoregressive_ms=float(obj["autoregressive_ms"]),
                 depth_ms=float(obj.get("depth_ms", 0.0)),
                 prepare_ms=float(obj.get("prepare_ms", 0.0)),
+                fused_empty_ms=_optional_float(obj.get("fused_empty_ms")),
                 hardware=dict(obj.get("hardware", {})),
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
             )
@@ -161,6 +176,10 @@ class LatencyModel:
         except (OSError, json.JSONDecodeError) as err:
             raise EntmtpError(f"latency file {path} is unreadable or not JSON: {err}") from err
         return cls.from_json(obj)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _fit_knots(

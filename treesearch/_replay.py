@@ -9,6 +9,11 @@ tokens (none when ``G = 1``), every schedule decodes the same tokens, and the fa
 is the one with the least total step time. Rates are decode tokens over step time (the
 prefill's token and time are excluded, as in the runtime's ``decode_tokens_per_second``).
 
+A step's time is its tree's modelled latency; a draft-entropy schedule adds the heads' run
+before the choice to empty-tree steps (``prepare_ms``), and with fused heads
+(``LatencyModel.fused_empty_ms``) an empty-tree step right after another one costs only
+``fused_empty_ms``, since the previous step's projection prepared it (``Replayer.step_ms``).
+
 ``Replayer`` precomputes each tree's accept length at every position once, so replaying one
 more schedule costs a gather plus a Python jump loop over the steps.
 """
@@ -72,13 +77,16 @@ class ReplayResult(_Rates):
     steps: int
     time_ms: float  # sum of the modelled step times (correctly rounded sum)
     autoregressive_ms: float  # the same tokens decoded one per plain step
-    tree_ms: tuple[float, ...]  # modelled step ms of each tree that step_tree indexes
+    tree_ms: tuple[float, ...]  # modelled step ms of each tree that step_tree indexes (with
+    #                             fused heads, an empty step right after another costs less:
+    #                             step_ms has each step's own)
     traces: tuple[TraceReplay, ...]
     step_trace: np.ndarray  # [steps] int64: index into profile.traces
     step_position: np.ndarray  # [steps] int64: position inside its trajectory
     step_tree: np.ndarray  # [steps] int64: index of the tree used
     step_accept: np.ndarray  # [steps] int64: tokens the step emits (>= 1, cut at the end)
     step_estimate: np.ndarray  # [steps] float64: entropy estimate that chose the tree (nan: oracle)
+    step_ms: np.ndarray  # [steps] float64: modelled ms of the step
 
 
     @property
@@ -143,6 +151,9 @@ class Replayer:
             rows.append(distinct[tree])
         self.accept = np.stack(rows)  # [trees, positions] int64
         self.tree_ms = tuple(latency.tree_ms(t) for t in self.trees)
+        self._empty = np.array([t.num_nodes == 0 for t in self.trees])  # [trees] bool
+        self._trace_start = np.zeros(self.num_positions, dtype=bool)  # [positions] bool
+        self._trace_start[self.starts[self.starts < self.num_positions]] = True
         self._positions = positions
         self._estimates: dict[tuple[EntropyEstimator, str], np.ndarray] = {}
 
@@ -190,22 +201,51 @@ class Replayer:
                 i += jump[i]
         return np.asarray(steps, dtype=np.int64)
 
+    def fuses(self, signal: str = BASE_ENTROPY) -> bool:
+        """Whether an empty-tree step under ``signal`` also prepares the next step's heads."""
+        return signal == DRAFT_ENTROPY and self.latency.fused_empty_ms is not None
+
     def step_costs(self, signal: str = BASE_ENTROPY) -> np.ndarray:
         """Modelled ms of a step with each tree under ``signal``: float64 ``[trees]``.
 
         A draft-entropy schedule runs the heads before choosing; only an empty tree does not
-        reuse them, so only its steps pay the latency model's ``prepare_ms``.
+        reuse them, so only its steps pay the latency model's ``prepare_ms``. With fused heads
+        (``fuses``) an empty tree's step costs ``fused_empty_ms + prepare_ms`` here; one right
+        after another empty-tree step costs ``fused_empty_ms`` only (see ``step_ms``).
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
-        if signal == DRAFT_ENTROPY and self.latency.prepare_ms > 0:
-            empty = np.array([t.num_nodes == 0 for t in self.trees])
-            costs = costs + np.where(empty, self.latency.prepare_ms, 0.0)
+        if signal != DRAFT_ENTROPY:
+            return costs
+        latency = self.latency
+        if self.fuses(signal):
+            return np.where(self._empty, latency.fused_empty_ms + latency.prepare_ms, costs)
+        if latency.prepare_ms > 0:
+            costs = costs + np.where(self._empty, latency.prepare_ms, 0.0)
         return costs
+
+    def step_ms(
+        self, steps: np.ndarray, tree_at: np.ndarray, signal: str = BASE_ENTROPY
+    ) -> np.ndarray:
+        """Modelled ms of each step (global start positions ``steps``): float64 ``[steps]``.
+
+        ``step_costs`` of the step's tree, except that with fused heads an empty-tree step whose
+        previous step (in the same trajectory) was an empty-tree step too does not prepare: its
+        heads' logits came with that step's projection.
+        """
+        step_tree = tree_at[steps]
+        ms = self.step_costs(signal)[step_tree]
+        if self.fuses(signal) and len(steps) > 1:
+            empty = self._empty[step_tree]
+            prepared = np.zeros(len(steps), dtype=bool)  # by the previous step's projection
+            prepared[1:] = empty[:-1]
+            prepared &= empty & ~self._trace_start[steps]
+            ms = np.where(prepared, self.latency.fused_empty_ms, ms)
+        return ms
 
     def time_ms(self, tree_at: np.ndarray, signal: str = BASE_ENTROPY) -> float:
         """Total modelled time of the replay (the search's objective; cheaper than ``run``)."""
         steps = self.step_starts(tree_at)
-        return float(self.step_costs(signal)[tree_at[steps]].sum())
+        return float(self.step_ms(steps, tree_at, signal).sum())
 
     def run(
         self, tree_at: np.ndarray, *, estimates: np.ndarray | None = None,
@@ -263,7 +303,7 @@ class Replayer:
         step_tree = tree_at[steps]
         step_accept = self.accept[step_tree, steps]
         costs = self.step_costs(signal)
-        step_ms = costs[step_tree]
+        step_ms = self.step_ms(steps, tree_at, signal)
         # The step's trajectory: the last one starting at or before it (empty ones are skipped).
         step_trace = np.searchsorted(self.starts, steps, side="right").astype(np.int64) - 1
         num_traces = len(self.starts)
@@ -297,6 +337,7 @@ class Replayer:
             step_tree=step_tree,
             step_accept=step_accept,
             step_estimate=step_estimate,
+            step_ms=step_ms,
         )
 
 

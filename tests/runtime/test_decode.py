@@ -10,6 +10,7 @@ from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.runtime._verify import greedy_accept
 from entmtp.treesearch._acceptance import accept_lengths
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
@@ -245,3 +246,55 @@ def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, he
         if head_type == "medusa":  # every step prepares heads 1..deepest tree, once each
             expected = [(d, 1) for d in range(1, NUM_HEADS + 1)] * result.steps
             assert heads.calls == expected
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_fused_empty_step_leaves_what_the_plain_step_leaves(rt, setup):
+    """Same cache (exactly), hidden state and next token as ``step`` on the empty tree; its
+    prepared heads are ``prepare`` of the state it leaves."""
+    model, _ = setup
+    heads = new_heads(model, head_type="medusa", num_heads=NUM_HEADS, seed=1)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    assert decoder.fuses_empty
+    plan = decoder.plan(Tree.from_paths([]))
+    greedy = greedy_accept
+    fused_state, _ = decoder.prefill(PROMPTS[0], lambda logits: int(logits.argmax()))
+    plain_state, _ = decoder.prefill(PROMPTS[0], lambda logits: int(logits.argmax()))
+    for _ in range(6):  # a run of empty steps, each from the state the last one left
+        fused, prepared = decoder.fused_empty_step(fused_state, plan, greedy, 3)
+        plain = decoder.step(plain_state, plan, greedy)
+        assert (fused.path, fused.next_token) == (plain.path, plain.next_token) == (
+            [0], int(plain.logits[0].argmax()))
+        torch.testing.assert_close(fused.logits, plain.logits, rtol=1e-5, atol=1e-5)
+        decoder.commit(fused_state, fused, fused.path)
+        decoder.commit(plain_state, plain, plain.path)
+        assert (fused_state.past_len, fused_state.pending) == (
+            plain_state.past_len, plain_state.pending)
+        assert torch.equal(fused_state.hidden, plain_state.hidden)
+        for a, b in zip(_cache_tensors(fused_state.cache), _cache_tensors(plain_state.cache),
+                        strict=True):
+            assert torch.equal(a, b)
+        reference = decoder.prepare(fused_state, 3)
+        assert prepared.depth == reference.depth == 3
+        torch.testing.assert_close(prepared.logits, reference.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_empty_step_refuses_heads_or_trees_it_cannot_fuse(rt, setup):
+    model, _ = setup
+    greedy = greedy_accept
+    for head_type, shared in (("hydra", True), ("medusa", False)):
+        heads = new_heads(model, head_type=head_type, num_heads=NUM_HEADS, seed=1,
+                          shared_lm_head=shared)
+        decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+        assert not decoder.fuses_empty
+        state, _ = decoder.prefill(PROMPTS[0], lambda logits: int(logits.argmax()))
+        with pytest.raises(EntmtpError, match="lm_head"):
+            decoder.fused_empty_step(state, decoder.plan(Tree.from_paths([])), greedy, 3)
+    heads = new_heads(model, head_type="medusa", num_heads=NUM_HEADS, seed=1)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    state, _ = decoder.prefill(PROMPTS[0], lambda logits: int(logits.argmax()))
+    with pytest.raises(EntmtpError, match="empty tree"):
+        decoder.fused_empty_step(state, decoder.plan(Tree.from_paths([[0]])), greedy, 3)

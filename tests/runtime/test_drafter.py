@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
-from entmtp.runtime._drafter import TreeDrafter
+from entmtp.runtime._drafter import TreeDrafter, fuses_with_base
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
@@ -132,3 +132,44 @@ def test_draft_deeper_than_prepared_is_rejected(rt):
         with pytest.raises(EntmtpError, match="prepare"):
             drafter.draft(tree_plan(Tree.from_paths([[0], [0, 0]]), 5), torch.tensor([3]),
                           hidden, prepared)
+
+
+def test_only_medusa_heads_sharing_the_plain_lm_head_fuse(rt):
+    model = rt.sharp_llama(7)
+    assert fuses_with_base(model, _noisy_heads(model, "medusa"))
+    assert not fuses_with_base(model, _noisy_heads(model, "medusa", shared_lm_head=False))
+    assert not fuses_with_base(model, _noisy_heads(model, "hydra"))
+    other = rt.sharp_llama(7)  # equal weights, but not the model's own lm_head
+    assert not fuses_with_base(model, _noisy_heads(other, "medusa"))
+    heads = _noisy_heads(model, "medusa")
+    model.config.final_logit_softcapping = 30.0  # logits are not the lm_head's output
+    assert not fuses_with_base(model, heads)
+
+
+def test_project_with_base_is_the_base_logits_and_the_prepared_heads(rt, monkeypatch):
+    import entmtp.runtime._drafter as drafter_module
+
+    model = rt.sharp_llama(7)
+    heads = _noisy_heads(model, "medusa")
+    drafter = TreeDrafter(heads)
+    generator = torch.Generator().manual_seed(4)
+    calls = []
+    real = drafter_module.project_rows
+
+    def counting(features, weight, bias):
+        calls.append(features.shape[0])
+        return real(features, weight, bias)
+
+    monkeypatch.setattr(drafter_module, "project_rows", counting)
+    for max_depth in (0, 2, 4):
+        hidden = torch.randn(1, heads.hidden_size, generator=generator)
+        with torch.inference_mode():
+            calls.clear()
+            logits, prepared = drafter.project_with_base(hidden, max_depth)
+            assert calls == [1 + max(max_depth, 1)]  # one projection: base row + the heads
+            reference = drafter.prepare(torch.tensor([3]), hidden, max_depth)
+            base = model.get_output_embeddings()(hidden)
+        assert logits.shape == base.shape and prepared.depth == reference.depth
+        assert int(logits.argmax()) == int(base.argmax())
+        torch.testing.assert_close(logits, base, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(prepared.logits, reference.logits, rtol=1e-5, atol=1e-5)

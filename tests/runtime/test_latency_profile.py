@@ -54,6 +54,7 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
     assert latency.nodes == (0, 1, 3, 4, 6)
     assert all(ms > 0 and math.isfinite(ms) for _, _, ms in latency.measurements)
     assert latency.autoregressive_ms > 0 and latency.prepare_ms > 0
+    assert latency.fused_empty_ms is None  # Hydra's head 1 needs the next token: never fused
     hardware = latency.hardware
     for key in ("device", "device_name", "torch", "cpu_count", "dtype", "context_lengths"):
         assert key in hardware
@@ -112,3 +113,41 @@ def test_profile_latency_interleaves_trees_round_by_round(rt, monkeypatch):
     rounds = len(stepped) // trees
     assert rounds == 2 * (1 + 3)  # (warmup + repeats) rounds at each of two context lengths
     assert stepped == one_round * rounds  # every round times each tree once, in the same order
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkeypatch, shared):
+    from entmtp.runtime import _latency_profile
+
+    fused = []
+    original = _latency_profile.SpeculativeDecoder.fused_empty_step
+
+    def recording(self, state, plan, accept, max_depth):
+        fused.append((state.past_len, state.pending, max_depth, plan.num_nodes))
+        return original(self, state, plan, accept, max_depth)
+
+    stepped = []
+    original_step = _latency_profile.SpeculativeDecoder.step
+
+    def recording_step(self, state, plan, accept):
+        stepped.append((state.past_len, state.cache.get_seq_length()))
+        return original_step(self, state, plan, accept)
+
+    monkeypatch.setattr(_latency_profile.SpeculativeDecoder, "fused_empty_step", recording)
+    monkeypatch.setattr(_latency_profile.SpeculativeDecoder, "step", recording_step)
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0, shared_lm_head=shared)
+    latency = profile_latency(model, heads, node_counts=(0, 2), depths=(2,),
+                              context_lengths=(8, 16), repeats=3, warmup=1, topk=3)
+    if not shared:
+        assert fused == [] and latency.fused_empty_ms is None
+        return
+    assert latency.fused_empty_ms > 0 and math.isfinite(latency.fused_empty_ms)
+    assert "fused_empty_ms" in latency.to_json()
+    # one per round ((warmup + repeats) at each context), always from the restored state
+    assert len(fused) == 2 * (1 + 3)
+    assert len(set(fused[:4])) == 1 and len(set(fused[4:])) == 1
+    assert {f[0] for f in fused} == {8, 16} and {(f[2], f[3]) for f in fused} == {(2, 0)}
+    # every timed tree step after it saw the restored cache
+    assert stepped[: len(stepped) // 2] == [(8, 8)] * (len(stepped) // 2)
+    assert stepped[len(stepped) // 2 :] == [(16, 16)] * (len(stepped) // 2)

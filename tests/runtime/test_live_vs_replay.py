@@ -203,3 +203,72 @@ def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
                                    trace.draft_entropy[positions], atol=1e-4)
         used.update(s.tree_index for s in live.step_log)
     assert used == {0, 1, 2}  # the thresholds split the steps between every tree
+
+
+def _project_rows_calls(step_log, trees) -> int:
+    """Vocabulary projections the drafter runs under a draft-entropy schedule with fused heads:
+    a step prepares unless the previous step was a fused empty step, and an empty step projects
+    once more (base row + the next step's heads); a drafted step reuses what was prepared."""
+    calls, previous_empty = 0, False
+    for step in step_log:
+        empty = trees[step.tree_index].num_nodes == 0
+        calls += (0 if previous_empty else 1) + (1 if empty else 0)
+        previous_empty = empty
+    return calls
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, monkeypatch):
+    """Empty-tree steps (in runs, and after drafted steps) are fused for shared-lm_head Medusa
+    heads: lossless, the replay's steps, and one projection per fused step, none for the next."""
+    import entmtp.runtime._drafter as drafter_module
+
+    base = _base(rt)
+    prompts = _prompts()
+    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=4)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    empty = Tree.from_paths([])
+    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
+             Tree.from_paths([[0], [1], [2]]), empty)
+    schedule = Schedule(trees, _thresholds(profile.draft_entropy()), EntropyEstimator.last(),
+                        DRAFT_ENTROPY)
+    scheduler = BundleScheduler(schedule)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    assert decoder.fuses_empty == (head_type == "medusa")
+    calls = []
+    real = drafter_module.project_rows
+
+    def counting(features, weight, bias):
+        calls.append(features.shape[0])
+        return real(features, weight, bias)
+
+    monkeypatch.setattr(drafter_module, "project_rows", counting)
+    steps, _ = _compare(profile, decoder, scheduler, schedule, base, prompts)
+    assert steps > 20
+
+    runs = after_drafted = drafted_after = 0
+    for trace in profile.traces:
+        ids = base.encode_task_prompt(prompts[trace.prompt_index])
+        calls.clear()
+        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
+                                eos_token_ids=base.eos_token_ids)
+        plain = autoregressive_generate(base.model, ids, max_new_tokens=MAX_NEW,
+                                        eos_token_ids=base.eos_token_ids)
+        assert live.tokens == plain.tokens  # lossless
+        is_empty = [trees[s.tree_index].num_nodes == 0 for s in live.step_log]
+        for before, now in zip(is_empty, is_empty[1:], strict=False):
+            runs += before and now
+            after_drafted += now and not before
+            drafted_after += before and not now
+        if head_type == "medusa":
+            assert len(calls) == _project_rows_calls(live.step_log, trees)
+            fused_rows = [1 + 3] * sum(is_empty)  # base row + heads 1..3 per fused step
+            assert sorted(calls) == sorted([3] * (len(calls) - sum(is_empty)) + fused_rows)
+        else:  # Hydra never fuses: its heads run through calibrate's own projections
+            assert calls == []
+    assert runs > 0 and after_drafted > 0 and drafted_after > 0  # every case was exercised

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -88,6 +89,11 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
     older = latency.to_json()
     del older["prepare_ms"]  # models measured before draft-entropy schedules existed
     assert LatencyModel.from_json(older).prepare_ms == 0.0
+    assert latency.fused_empty_ms is None and "fused_empty_ms" not in latency.to_json()
+    fused = dataclasses.replace(latency, fused_empty_ms=1.5)
+    assert fused.to_json()["fused_empty_ms"] == 1.5
+    assert LatencyModel.from_json(json.loads(json.dumps(fused.to_json()))) == fused
+    assert LatencyModel.from_json({**fused.to_json(), "fused_empty_ms": None}) == latency
     path = tmp_path_factory.mktemp("latency") / "latency.json"
     assert LatencyModel.load(latency.save(path)) == latency
 
@@ -106,6 +112,8 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "autoregressive_ms": -1.0},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": -0.5},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": float("nan")},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": -1.0},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": float("inf")},
     ],
 )
 def test_bad_values_rejected(kwargs) -> None:
@@ -137,3 +145,16 @@ def test_synthetic_presets_are_valid() -> None:
     assert gpu.step_ms(128, 0) > gpu.step_ms(63, 0)
     cpu = LatencyModel.cpu_like()
     assert np.all(np.diff(cpu.step_ms(np.arange(0, 200), 0)) >= 0)
+
+
+def test_bundle_schema_takes_the_optional_fused_empty_ms() -> None:
+    from importlib.resources import files
+
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(files("entmtp.treesearch").joinpath("bundle.schema.json").read_text())
+    validator = Draft202012Validator(schema["properties"]["latency"])
+    latency = LatencyModel.cpu_like()
+    assert validator.is_valid(latency.to_json())
+    assert validator.is_valid(dataclasses.replace(latency, fused_empty_ms=80.0).to_json())
+    assert not validator.is_valid({**latency.to_json(), "fused_empty_ms": -1.0})

@@ -90,11 +90,14 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
     """Walk each trace as the live decoder does: token 0 comes from the prefill; a step at
     position i (estimate over entropies 0..i, bucket, path membership) emits tokens
     i+1 .. i+a, cut at the trace's last token G-1, and steps run while i < G-1."""
+    draft = schedule.signal == "draft_entropy"
+    fused = draft and latency.fused_empty_ms is not None
     steps = []
     for j, trace in enumerate(profile.traces):
         entropy = [float(h) for h in trace.entropy]
         last = trace.num_positions - 1
         i = 0
+        previous_empty = False  # the prefill does not fuse: a trajectory's first step prepares
         while i < last:
             if schedule.signal == "draft_entropy":  # head 1's entropy at the step itself
                 estimate = float(trace.draft_entropy[i])
@@ -104,9 +107,15 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             tree = schedule.trees[k]
             accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
             cost = latency.tree_ms(tree)
-            if schedule.signal == "draft_entropy" and tree.num_nodes == 0:
+            if fused and tree.num_nodes == 0:
+                # one projection: this step's logits and the next step's heads
+                cost = latency.fused_empty_ms
+                if not previous_empty:  # no earlier fused step prepared this one
+                    cost += latency.prepare_ms
+            elif draft and tree.num_nodes == 0:
                 cost += latency.prepare_ms  # the heads ran for the choice; nothing reuses them
             steps.append((j, i, k, accepted, cost))
+            previous_empty = tree.num_nodes == 0
             i += accepted
     return steps
 
@@ -125,6 +134,7 @@ def check_against_reference(profile, schedule, latency):
     assert result.step_tree.tolist() == [s[2] for s in steps]
     assert result.step_accept.tolist() == [s[3] for s in steps]
     assert result.time_ms == pytest.approx(sum(s[4] for s in steps), rel=1e-12)
+    np.testing.assert_allclose(result.step_ms, [s[4] for s in steps], rtol=1e-12)
     assert result.tokens == decode_tokens(profile) == sum(s[3] for s in steps)
     assert result.autoregressive_ms == pytest.approx(
         decode_tokens(profile) * latency.autoregressive_ms, rel=1e-12
@@ -321,6 +331,60 @@ def test_draft_signal_replay_matches_the_step_by_step_reference(seed):
     steps = result.step_position + np.asarray([0, *np.cumsum(
         [t.num_positions for t in profile.traces])[:-1]])[result.step_trace]
     np.testing.assert_array_equal(result.step_estimate, profile.draft_entropy()[steps])
+
+
+def _fused(latency: LatencyModel) -> LatencyModel:
+    return dataclasses.replace(latency, prepare_ms=3.25,
+                               fused_empty_ms=latency.tree_ms(Tree.from_paths([])) + 0.5)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_fused_draft_signal_replay_matches_the_step_by_step_reference(seed):
+    """Empty-tree steps right after an empty-tree step skip prepare_ms; others pay it."""
+    rng = np.random.default_rng(500 + seed)
+    profile = random_profile(seed, num_traces=8, draft=True)
+    latency = _fused(LATENCIES[seed % len(LATENCIES)])
+    empty = Tree.from_paths([])
+    runs = first_empty = after_drafted = 0
+    for _ in range(5):
+        count = int(rng.integers(2, 5))
+        trees = [random_tree(rng) for _ in range(count)]
+        trees[int(rng.integers(0, count))] = empty
+        thresholds = tuple(np.sort(rng.uniform(0.0, 3.0, count - 1)))
+        schedule = Schedule(tuple(trees), thresholds, EntropyEstimator.last(), "draft_entropy")
+        result = check_against_reference(profile, schedule, latency)
+        is_empty = np.array([trees[k].num_nodes == 0 for k in result.step_tree.tolist()])
+        first = result.step_position == 0
+        previous = np.concatenate([[False], is_empty[:-1]]) & ~first
+        runs += int((is_empty & previous).sum())
+        first_empty += int((is_empty & first).sum())
+        after_drafted += int((is_empty & ~previous & ~first).sum())
+        # the same schedule on the base signal ignores fusion (and prepare_ms)
+        base = replay(profile, Schedule(tuple(trees), thresholds, EntropyEstimator.last()),
+                      latency)
+        assert base.tree_ms == tuple(latency.tree_ms(t) for t in trees)
+        replayer = Replayer(profile, trees, latency)
+        tree_at = replayer.schedule_tree_at(EntropyEstimator.last(), thresholds, range(count),
+                                            "draft_entropy")
+        assert replayer.time_ms(tree_at, "draft_entropy") == pytest.approx(result.time_ms,
+                                                                         rel=1e-12)
+    assert runs > 0 and first_empty > 0 and after_drafted > 0  # every case was exercised
+
+
+def test_fused_empty_steps_cost_prepare_once_per_run():
+    """All-empty draft schedule: each trajectory pays prepare_ms once, then fused steps."""
+    profile = random_profile(2, draft=True)
+    latency = _fused(LatencyModel.cpu_like())
+    schedule = Schedule((Tree.from_paths([]), Tree.from_paths([])), (1.0,),
+                        EntropyEstimator.last(), "draft_entropy")
+    result = check_against_reference(profile, schedule, latency)
+    walked = sum(1 for t in profile.traces if t.num_positions > 1)
+    assert result.steps == decode_tokens(profile)
+    assert result.time_ms == pytest.approx(
+        result.steps * latency.fused_empty_ms + walked * latency.prepare_ms, rel=1e-12)
+    unfused = dataclasses.replace(latency, fused_empty_ms=None)
+    assert replay(profile, schedule, unfused).time_ms == pytest.approx(
+        result.steps * (latency.tree_ms(Tree.from_paths([])) + latency.prepare_ms), rel=1e-12)
 
 
 def test_draft_signal_needs_a_profile_that_has_it():
