@@ -228,9 +228,10 @@ class Replayer:
     ) -> np.ndarray:
         """Modelled ms of each step (global start positions ``steps``): float64 ``[steps]``.
 
-        ``step_costs`` of the step's tree, except that with fused heads an empty-tree step whose
-        previous step (in the same trajectory) was an empty-tree step too does not prepare: its
-        heads' logits came with that step's projection.
+        ``step_costs`` of the step's tree, except after an empty-tree step of the same
+        trajectory when heads are fused: that step's projection already gave this step's heads'
+        logits, so an empty-tree step costs ``fused_empty_ms`` alone and a drafted step saves the
+        heads' projection its ``tree_ms`` includes (about ``prepare_ms``).
         """
         step_tree = tree_at[steps]
         ms = self.step_costs(signal)[step_tree]
@@ -238,8 +239,10 @@ class Replayer:
             empty = self._empty[step_tree]
             prepared = np.zeros(len(steps), dtype=bool)  # by the previous step's projection
             prepared[1:] = empty[:-1]
-            prepared &= empty & ~self._trace_start[steps]
-            ms = np.where(prepared, self.latency.fused_empty_ms, ms)
+            prepared &= ~self._trace_start[steps]
+            ms = np.where(prepared & empty, self.latency.fused_empty_ms, ms)
+            saved = np.maximum(ms - self.latency.prepare_ms, 0.0)
+            ms = np.where(prepared & ~empty, saved, ms)
         return ms
 
     def time_ms(self, tree_at: np.ndarray, signal: str = BASE_ENTROPY) -> float:

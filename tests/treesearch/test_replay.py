@@ -114,6 +114,8 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
                     cost += latency.prepare_ms
             elif draft and tree.num_nodes == 0:
                 cost += latency.prepare_ms  # the heads ran for the choice; nothing reuses them
+            elif fused and previous_empty:  # drafts from the heads that step already projected
+                cost = max(cost - latency.prepare_ms, 0.0)
             steps.append((j, i, k, accepted, cost))
             previous_empty = tree.num_nodes == 0
             i += accepted
