@@ -36,7 +36,7 @@ def export_command(
     out: Path = typer.Option(..., "--out", help="File to write (atomically)."),
     tree_index: int | None = typer.Option(
         None, "--tree", help="Which tree of the bundle (medusa/trtllm/vllm take one static "
-        "tree); default: the best static tree, else the largest."
+        "tree); default: the best static tree, else (none, or one without nodes) the largest."
     ),
     largest_regular_subtree: bool = typer.Option(
         False, "--largest-regular-subtree",

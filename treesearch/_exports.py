@@ -1,8 +1,9 @@
 """Exports of a bundle's trees to runtimes that take one static tree.
 
 Medusa, TensorRT-LLM and vLLM each verify a single fixed tree, so an export writes one tree of
-the bundle: ``tree_index`` when given, else the bundle's recorded best static tree, else its
-largest tree (most nodes; the first of equals). The ``entmtp`` format writes the whole bundle.
+the bundle: ``tree_index`` when given, else the bundle's recorded best static tree when it
+has nodes, else its largest tree (most nodes; the first of equals). The ``entmtp`` format
+writes the whole bundle.
 
 Formats (the sources name where each runtime reads the file):
 - ``medusa``: ``medusa_choices``, a list of rank paths. FasterDecoding/Medusa,
@@ -46,13 +47,21 @@ MEDUSA_CONSTANT = "mc_entmtp"
 
 # -- which tree -------------------------------------------------------------------------------
 def default_tree(bundle: Bundle) -> tuple[Tree, str]:
-    """The tree an export writes without ``tree_index``, and a phrase saying which it is."""
-    if bundle.best_static is not None:
-        index = bundle.best_static.tree_index
+    """The tree an export writes without ``tree_index``, and a phrase saying which it is.
+
+    A best static tree without nodes (plain decoding was fastest on the bundle's hardware) is
+    no tree a speculative runtime can run, so the largest tree stands in for it then.
+    """
+    best = bundle.best_static
+    if best is not None and best.tree.num_nodes > 0:
+        index = best.tree_index
         what = "the best static tree" + (f" (tree {index})" if index is not None else "")
-        return bundle.best_static.tree, what
+        return best.tree, what
     index = max(range(len(bundle.trees)), key=lambda i: (bundle.trees[i].num_nodes, -i))
-    return bundle.trees[index], f"the largest tree (tree {index})"
+    what = f"the largest tree (tree {index})"
+    if best is not None:
+        what += "; the best static tree has no nodes: plain decoding on the bundle's hardware"
+    return bundle.trees[index], what
 
 
 def select_tree(bundle: Bundle, tree_index: int | None = None) -> Tree:

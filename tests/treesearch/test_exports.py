@@ -212,6 +212,15 @@ def test_default_tree_prefers_best_static_then_the_largest():
     assert default_tree(by_paths)[0] == other
 
 
+def test_default_tree_skips_a_best_static_tree_without_nodes():
+    # Plain decoding won on the bundle's hardware: a static-tree runtime gets the largest tree.
+    empty = Tree.from_paths([])
+    bundle = make_bundle([empty, SMALL, MC_SIM_7B_63], best_static=BestStatic(empty, 10.0, 0))
+    tree, what = default_tree(bundle)
+    assert tree == MC_SIM_7B_63
+    assert "tree 2" in what and "no nodes" in what
+
+
 def test_mc_sim_7b_63_bundle_exports_to_every_format(tmp_path):
     bundle = make_bundle([SMALL, MC_SIM_7B_63])
     assert load_bundle(export(bundle, "entmtp", tmp_path / "b.json")) == bundle
