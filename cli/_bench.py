@@ -15,6 +15,7 @@ targets (``TARGETS``) marked PASS / MISS.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -59,6 +60,7 @@ from ._live import (
     write_json,
 )
 from ._model_setup import HEAD_TYPES
+from ._runs import command_line
 from .app import app
 
 REFERENCE_TREE = "mc_sim_7b_63"
@@ -293,6 +295,18 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm]) -> list[Method]:
             arm.row_name(ENTMTP), decoder, BundleScheduler(bundle_schedule(arm.bundle)), eos=eos,
             info={"role": ENTMTP, "heads": arm.head_type, "trees": len(arm.bundle.trees)}))
     return methods
+
+
+def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
+    """Where and when the rows were measured (the README's results table cites it)."""
+    from entmtp.runtime._latency_profile import hardware_info
+
+    from ._latency_cmd import cpu_name
+
+    info = hardware_info(model)
+    info.update(cpu_name=cpu_name(), torch_threads=torch_threads,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    return info
 
 
 # -- predictions ------------------------------------------------------------------------------
@@ -587,6 +601,8 @@ def bench(
         "max_new_tokens": max_new_tokens,
         "bundles": [str(arm.path) for arm in arms],
         "threads": {"torch_threads": used_threads, "source": thread_source, "cpu": on_cpu},
+        "machine": bench_machine(base.model, used_threads),
+        "command": command_line(),
         "rate_definition": "decode tokens (each output less the prefill's first token) over "
                            "decoding-step time; mean accept length: decode tokens per step "
                            "(as in the replay)",

@@ -10,7 +10,10 @@ trajectories, so each bundle's calibration-split prediction is the reference for
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -176,6 +179,12 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
                                  "source": "bundle latency model", "cpu": True}
     assert spy.threads == [BUNDLE_THREADS]
     assert torch.get_num_threads() == 2  # restored
+    machine = report["machine"]
+    assert machine["torch"] == torch.__version__ and machine["cpu_count"] == os.cpu_count()
+    assert machine["torch_threads"] == BUNDLE_THREADS and machine["device"] == "cpu"
+    assert machine["cpu_name"] and machine["date"].endswith("UTC")
+    assert report["command"].startswith("entmtp")
+    check_results_table(out, report)
     assert spy.plotted == [*rows, "oracle[medusa] (est.)", "oracle[hydra] (est.)"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -278,3 +287,38 @@ def test_targets_are_the_issues_and_pass_as_stated():
     assert flag.passes(True) and not flag.passes(False)
     for target in (at_least, within, flag):
         assert target.passes(None) is None and target.passes(float("nan")) is None
+
+
+def load_results_table():
+    """bench/results_table.py, the script that renders the README's results table."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "results_table.py"
+    spec = importlib.util.spec_from_file_location("results_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_results_table(path: Path, report: dict) -> None:
+    table = load_results_table()
+    rows = {row["name"]: row for row in report["rows"]}
+    rendered = table.table_rows(report)
+    assert [cells[:2] for cells in rendered] == [[report["task"], "medusa"],
+                                                 [report["task"], "hydra"]]
+    for cells in rendered:
+        kind = cells[1]
+        cell = dict(zip(table.COLUMNS, cells, strict=True))
+        entmtp, static = rows[f"entmtp[{kind}]"], rows[f"best-static[{kind}]"]
+        assert cell["entmtp tok/s"] == f"{entmtp['tokens_per_second']:.2f}"
+        reference = rows[f"{kind}-mc_sim_7b_63"]
+        assert cell["mc_sim_7b_63 tok/s"] == f"{reference['tokens_per_second']:.2f}"
+        assert cell["best static tok/s (nodes)"] == (
+            f"{static['tokens_per_second']:.2f} ({static['num_nodes']})")
+        assert cell["vs best static"] == (
+            f"{entmtp['tokens_per_second'] / static['tokens_per_second']:.2f}x")
+        assert cell["vs Hydra+mc_sim"] == f"{entmtp['speedup'][HYDRA_REF]:.2f}x"
+        assert cell["lossless"] == "yes"
+    text = table.markdown([(str(path), report)])
+    assert text.startswith("| task | heads |")
+    assert text.count("\n| ") == len(rendered)  # data rows; the rule below the header is "|---"
+    assert report["machine"]["date"] in text and report["command"] in text
+
