@@ -120,15 +120,21 @@ def test_oracle_heads_live_schedule_equals_profile_replay(rt):
     assert steps > 20 and max(accepts) >= 3  # the comparison saw real multi-token steps
 
 
+def _noisy_heads(base, head_type: str, *, seed: int, noise_seed: int):
+    """Fresh heads with seeded noise (std 0.05) added to every parameter."""
+    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=seed)
+    generator = torch.Generator().manual_seed(noise_seed)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return heads
+
+
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
 def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type):
     base = _base(rt)
     prompts = _prompts()
-    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=2)
-    generator = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for parameter in heads.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    heads = _noisy_heads(base, head_type, seed=2, noise_seed=9)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     tree = Tree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
@@ -171,11 +177,7 @@ def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
     """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's."""
     base = _base(rt)
     prompts = _prompts()
-    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=4)
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for parameter in heads.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     assert profile.has_draft_entropy
@@ -225,11 +227,7 @@ def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, monke
 
     base = _base(rt)
     prompts = _prompts()
-    heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=4)
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for parameter in heads.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     empty = Tree.from_paths([])
