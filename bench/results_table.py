@@ -5,8 +5,8 @@
 One row per task and bundle (head type): measured tokens/s of autoregressive decoding, the
 bundle's head set with Medusa's `mc_sim_7b_63`, the bundle's best static tree and the bundle's
 schedule; the schedule's ratios to each; the fraction of the oracle (replayed); measured over
-replayed accept length and tokens/s; lossless. Under the table: date, machine and command of
-each report.
+replayed accept length and tokens/s; lossless; the targets missed. Under the table: date,
+machine and command of each report.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 COLUMNS = ("task", "heads", "AR tok/s", "mc_sim_7b_63 tok/s", "best static tok/s (nodes)",
            "entmtp tok/s", "vs Hydra+mc_sim", "vs Medusa+mc_sim", "vs best static", "vs AR",
-           "% of oracle", "accept meas/replay", "tok/s meas/replay", "lossless")
+           "% of oracle", "accept meas/replay", "tok/s meas/replay", "lossless",
+           "targets missed")
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -28,6 +29,12 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def _ratio(value: float | None) -> str:
     return _fmt(value, ".2f", "x")
+
+
+def missed_targets(prediction: dict[str, Any]) -> str:
+    """The issue's targets (``entmtp bench``'s TARGETS) this bundle missed, by key."""
+    missed = [key for key, check in prediction["targets"].items() if check["pass"] is False]
+    return ", ".join(missed) or "none"
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -51,10 +58,11 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
             _ratio(prediction.get("speedup_vs_best_static")),
             _ratio(prediction.get("speedup_vs_autoregressive")),
             _fmt(None if prediction.get("fraction_of_oracle") is None
-                 else 100 * prediction["fraction_of_oracle"], ".0f", "%"),
+                 else 100 * prediction["fraction_of_oracle"], ".1f", "%"),
             _fmt(prediction.get("accept_length_ratio"), ".3f"),
             _fmt(prediction.get("tokens_per_second_ratio"), ".3f"),
             "yes" if all(r["lossless"] for r in report["rows"]) else "NO",
+            missed_targets(prediction),
         ])
     return out
 

@@ -317,6 +317,9 @@ def check_results_table(path: Path, report: dict) -> None:
             f"{entmtp['tokens_per_second'] / static['tokens_per_second']:.2f}x")
         assert cell["vs Hydra+mc_sim"] == f"{entmtp['speedup'][HYDRA_REF]:.2f}x"
         assert cell["lossless"] == "yes"
+        targets = report["predictions"][kind]["targets"]
+        missed = [key for key, check in targets.items() if check["pass"] is False]
+        assert cell["targets missed"] == (", ".join(missed) or "none")
     text = table.markdown([(str(path), report)])
     assert text.startswith("| task | heads |")
     assert text.count("\n| ") == len(rendered)  # data rows; the rule below the header is "|---"
