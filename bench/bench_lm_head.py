@@ -6,8 +6,8 @@
 
 The default shape is the default model's lm_head (SmolLM2-135M: vocab 49152, hidden 576, fp32);
 weights are random (a matmul's time does not depend on the values). Both kernels run in
-interleaved rounds; each row prints the 10%-trimmed mean ms of each and their ratio, and the
-largest absolute difference of their results.
+interleaved rounds; each row prints each one's trimmed mean ms (the latency profiler's
+``trimmed_mean``), their ratio, and the largest absolute difference of their results.
 """
 
 from __future__ import annotations
@@ -15,19 +15,13 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from entmtp.calibrate._heads import project_rows
+from entmtp.runtime._latency_profile import trimmed_mean
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 32, 64)
-
-
-def trimmed_mean_ms(samples: list[float], cut: float = 0.1) -> float:
-    ordered = np.sort(np.asarray(samples))
-    k = int(len(ordered) * cut)
-    return 1000.0 * float(ordered[k: len(ordered) - k].mean())
 
 
 def main() -> None:
@@ -58,7 +52,7 @@ def main() -> None:
                     call()
                     times[name].append(time.perf_counter() - start)
             diff = float((calls["linear"]() - calls["rows"]()).abs().max())
-            linear, fast = trimmed_mean_ms(times["linear"]), trimmed_mean_ms(times["rows"])
+            linear, fast = (1000.0 * trimmed_mean(times[name]) for name in ("linear", "rows"))
             print(f"{rows:5d} {linear:12.2f} {fast:16.2f} {linear / fast:6.2f}x {diff:11.2e}")
 
 

@@ -324,4 +324,3 @@ def check_results_table(path: Path, report: dict) -> None:
     assert text.startswith("| task | heads |")
     assert text.count("\n| ") == len(rendered)  # data rows; the rule below the header is "|---"
     assert report["machine"]["date"] in text and report["command"] in text
-

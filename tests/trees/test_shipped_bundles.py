@@ -52,4 +52,3 @@ def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     assert names == sorted(f"{t}-{h}-cpu2.json" for t in TASKS for h in HEAD_TYPES)
     for name in names:
         assert f"`{name}`" in readme
-
