@@ -5,7 +5,8 @@ Each trial proposes the parts that are not additive (see DESIGN.md):
 - the number of buckets ``B`` in ``1..max_buckets``;
 - the signal, when the profile has head-1 entropies: ``base_entropy`` or ``draft_entropy``
   (the latter with the ``last`` estimator: see ``_schedule``);
-- for the base signal, the estimator: ``ema`` (alpha on a log scale), ``window`` (size on a log scale) or ``last``;
+- for the base signal, the estimator: ``ema`` (alpha on a log scale), ``window`` (size on a log
+  scale) or ``last``;
 - ``B - 1`` quantile levels in [0, 1] of the calibration estimates under that estimator, turned
   into thresholds halfway between the quantile's estimate and the next larger one (so an
   estimate never sits on a threshold, and float noise in a live estimate rarely flips a bucket).
