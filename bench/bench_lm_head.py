@@ -1,5 +1,5 @@
-"""The vocabulary projection of a few rows: ``nn.Linear`` (what plain and verify steps call) vs
-``project_rows`` (``weight @ x.T``, what the heads and Medusa's fused plain step call).
+"""The vocabulary projection of a few rows: ``F.linear`` vs ``project_rows`` (``weight @ x.T``,
+a single row duplicated to two), the kernel every linear layer uses on CPU (``_row_gemm``).
 
     .venv/bin/python bench/bench_lm_head.py [--vocab 49152] [--hidden 576] [--rounds 200]
                                             [--threads 2]
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from entmtp.calibrate._heads import project_rows
+from entmtp.calibrate._row_gemm import project_rows
 from entmtp.runtime._latency_profile import trimmed_mean
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 32, 64)

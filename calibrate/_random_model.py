@@ -25,6 +25,7 @@ import torch
 from entmtp.treesearch._errors import EntmtpError
 
 from ._model import CACHE_MARKER, default_gguf_path, file_sha256, resolve_dtype
+from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir
 
 
@@ -82,6 +83,7 @@ def random_model(
         except ValueError as err:
             raise EntmtpError(f"{found.source} does not describe a causal LM that transformers "
                               f"can build: {err}") from err
+    use_few_row_kernel(model)
     return RandomModel(model.eval(), name=found.name, source=found.source)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from entmtp.calibrate._heads import project_rows
+from entmtp.calibrate._row_gemm import project_rows
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan

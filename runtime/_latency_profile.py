@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from entmtp.calibrate._row_gemm import uses_few_row_kernel
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
@@ -119,6 +120,8 @@ def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "dtype": str(weight.dtype).replace("torch.", ""),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "linear_kernel": "few-row" if uses_few_row_kernel(model.get_output_embeddings())
+        else "torch",
     }
 
 
