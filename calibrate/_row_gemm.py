@@ -29,8 +29,7 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     in_features = features.shape[-1]
     rows = features.reshape(-1, in_features)
     if (rows.shape[0] > FEW_ROWS or rows.shape[0] == 0 or weight.device.type != "cpu"
-            or features.requires_grad or weight.requires_grad
-            or (bias is not None and bias.requires_grad)):
+            or _records_gradient(features, weight, bias)):
         return F.linear(features, weight, bias)
     if rows.shape[0] == 1:
         out = (weight @ torch.cat([rows, rows]).T)[:, :1].T
@@ -39,6 +38,14 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     if bias is not None:
         out = out + bias
     return out.reshape(*features.shape[:-1], weight.shape[0])
+
+
+def _records_gradient(features: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    # A model's parameters require grad even under no_grad/inference_mode, where nothing is
+    # recorded; only a product autograd will record needs F.linear's path.
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in (features, weight, bias))
 
 
 def _few_row_forward(self: nn.Linear, x: Tensor) -> Tensor:

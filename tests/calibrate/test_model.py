@@ -63,6 +63,16 @@ def _logits(model, ids=(1, 5, 9, 40, 77, 3)):
         return model(torch.tensor([list(ids)])).logits
 
 
+def _same_model(loaded, original) -> bool:
+    """Same weights bit for bit; same logits up to the few-row kernel's float rounding."""
+    loaded_state, original_state = loaded.state_dict(), original.state_dict()
+    if loaded_state.keys() != original_state.keys():
+        return False
+    if not all(torch.equal(loaded_state[k], original_state[k]) for k in loaded_state):
+        return False
+    return torch.allclose(_logits(loaded), _logits(original), rtol=1e-5, atol=1e-6)
+
+
 def _save_folder(folder: Path, *, chat: bool = False, seed: int = 0):
     model = make_tiny_llama(seed)
     model.save_pretrained(folder)
@@ -78,7 +88,7 @@ def test_folder_load_base_model(tmp_path):
     assert model_fingerprint(base) == {"name": "tiny", "vocab_size": 128, "hidden_size": 32}
     assert 2 in base.eos_token_ids
     assert base.encode_prompt("hi") == [1, 4 + ord("h") - 32, 4 + ord("i") - 32]
-    assert torch.equal(_logits(base.model), _logits(original))
+    assert _same_model(base.model, original)
     assert not base.model.training
 
 
@@ -137,7 +147,7 @@ def test_cache_round_trip_is_identical_and_strips_quantization_config(tmp_path):
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     reloaded = _model._load_folder(folder, name="tiny-q", source="x.gguf")
     assert reloaded.is_instruct
-    assert torch.equal(_logits(reloaded.model), _logits(model))
+    assert _same_model(reloaded.model, model)
     assert reloaded.encode_prompt("hey") == base.encode_prompt("hey")
 
 
@@ -173,7 +183,7 @@ def test_gguf_is_dequantized_once_then_read_from_the_cache(tmp_path, monkeypatch
     assert len(calls) == 1
     assert first.name == second.name == "Tiny.Q4"
     assert second.source == str(gguf.resolve()) and second.is_instruct
-    assert torch.equal(_logits(first.model), _logits(second.model))
+    assert _same_model(first.model, second.model)
 
 
 def test_half_written_cache_is_never_read(tmp_path, monkeypatch, cache_dir):
@@ -186,7 +196,7 @@ def test_half_written_cache_is_never_read(tmp_path, monkeypatch, cache_dir):
     base = load_base_model(gguf)
     assert len(calls) == 2
     assert (cache_folder / CACHE_MARKER).is_file()  # rebuilt
-    assert torch.equal(_logits(base.model), _logits(make_tiny_llama(3)))
+    assert _same_model(base.model, make_tiny_llama(3))
 
 
 def test_file_sha256_is_correct_and_remembered(tmp_path, cache_dir):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from entmtp.calibrate import _row_gemm
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._random_model import random_model
 from entmtp.calibrate._row_gemm import (
@@ -43,6 +44,44 @@ def test_project_rows_keeps_autograd():
     features = torch.randn(3, 6)
     project_rows(features, weight, None).sum().backward()
     torch.testing.assert_close(weight.grad, features.sum(0).expand(10, 6))
+
+
+def _count_linear_calls(monkeypatch) -> dict[str, int]:
+    calls = {"F.linear": 0}
+    original = _row_gemm.F.linear
+
+    def counting_linear(*args, **kwargs):
+        calls["F.linear"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_row_gemm.F, "linear", counting_linear)
+    return calls
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_parameters_take_the_kernel_when_no_gradient_is_recorded(monkeypatch, mode):
+    # nn.Parameter requires grad even under no_grad; the kernel must still be used there.
+    layer = nn.Linear(16, 8)
+    calls = _count_linear_calls(monkeypatch)
+    with mode():
+        out = project_rows(torch.randn(3, 16), layer.weight, layer.bias)
+    assert calls["F.linear"] == 0 and out.shape == (3, 8)
+
+
+def test_recorded_products_keep_f_linear(monkeypatch):
+    layer = nn.Linear(16, 8)
+    calls = _count_linear_calls(monkeypatch)
+    project_rows(torch.randn(3, 16), layer.weight, layer.bias)
+    assert calls["F.linear"] == 1
+
+
+@torch.inference_mode()
+def test_a_patched_model_step_never_calls_f_linear(monkeypatch):
+    model = make_tiny_llama(seed=5)
+    use_few_row_kernel(model)
+    calls = _count_linear_calls(monkeypatch)
+    model(torch.arange(3, 8).unsqueeze(0))
+    assert calls["F.linear"] == 0
 
 
 def _linear_layers(model: nn.Module) -> list[nn.Linear]:
