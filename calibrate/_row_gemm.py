@@ -31,10 +31,13 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     if (rows.shape[0] > FEW_ROWS or rows.shape[0] == 0 or weight.device.type != "cpu"
             or _records_gradient(features, weight, bias)):
         return F.linear(features, weight, bias)
+    # Contiguous like F.linear's result: attention kernels (SDPA's CPU flash path) and
+    # elementwise ops need a contiguous last dimension, and a transposed view falls back to
+    # SDPA's slow math path.
     if rows.shape[0] == 1:
-        out = (weight @ torch.cat([rows, rows]).T)[:, :1].T
+        out = (weight @ torch.cat([rows, rows]).T)[:, :1].T.contiguous()
     else:
-        out = (weight @ rows.T).T
+        out = (weight @ rows.T).T.contiguous()
     if bias is not None:
         out = out + bias
     return out.reshape(*features.shape[:-1], weight.shape[0])

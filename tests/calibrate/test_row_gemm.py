@@ -39,6 +39,13 @@ def test_project_rows_keeps_leading_dimensions(shape):
     torch.testing.assert_close(out, F.linear(features, weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 64, 65])
+def test_project_rows_returns_contiguous_rows(rows):
+    # A transposed result sends SDPA to its slow math path (and slows elementwise ops).
+    out = project_rows(torch.randn(1, rows, 48), torch.randn(20, 48), torch.randn(20))
+    assert out.is_contiguous()
+
+
 def test_project_rows_keeps_autograd():
     weight = torch.randn(10, 6, requires_grad=True)
     features = torch.randn(3, 6)
