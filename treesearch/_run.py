@@ -7,6 +7,7 @@ profile -> acceptance table by entropy bucket -> Pareto fronts (all positions an
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -81,16 +82,32 @@ def reference_tree(name: str) -> Tree:
     return Tree.from_json(json.loads(text))
 
 
-def select_candidates(trees: list[Tree], limit: int) -> list[Tree]:
-    """Deduplicate by paths and keep at most ``limit`` trees spread evenly over sizes."""
-    unique: dict[tuple, Tree] = {}
-    for tree in trees:
-        unique.setdefault(tree.paths, tree)
-    ordered = sorted(unique.values(), key=lambda t: (t.num_nodes, t.depth, t.paths))
-    if len(ordered) <= limit:
-        return ordered
-    picks = np.unique(np.round(np.linspace(0, len(ordered) - 1, limit)).astype(int))
-    return [ordered[i] for i in picks]
+def select_candidates(
+    fronts: Sequence[Sequence[TreeCandidate]], limit: int, *, extra: Sequence[Tree] = ()
+) -> list[Tree]:
+    """At most ``limit`` distinct trees for the schedule search: ``extra`` first, then the
+    fronts' trees round-robin, each front best tokens/ms first; ordered by size.
+
+    Each front is scored on its own positions (all, or one entropy bucket), so its best trees
+    are the ones a schedule serving those positions needs. Spreading picks evenly over sizes
+    instead can drop exactly those (on a machine where one drafted node is all that pays, the
+    1-node tree), leaving the schedule worse than the best static tree.
+    """
+    if limit < 1:
+        raise EntmtpError(f"the schedule search needs at least 1 candidate tree, not {limit}")
+    ranked = [sorted(front, key=lambda c: (-c.tokens_per_ms, c.tree.num_nodes, c.tree.paths))
+              for front in fronts]
+    chosen: dict[tuple, Tree] = {}
+    for tree in extra:
+        if len(chosen) < limit:
+            chosen.setdefault(tree.paths, tree)
+    for rank in range(max((len(r) for r in ranked), default=0)):
+        for front in ranked:
+            if len(chosen) >= limit:
+                break
+            if rank < len(front):
+                chosen.setdefault(front[rank].tree.paths, front[rank].tree)
+    return sorted(chosen.values(), key=lambda t: (t.num_nodes, t.depth, t.paths))
 
 
 def search(
@@ -124,16 +141,16 @@ def search(
     bucket_fronts = fronts_by_bucket(
         entropy, ranks, edges, latency, study_name=f"{name}-shapes", **front_kwargs
     )
-    pool = [c.tree for c in front] + [c.tree for f in bucket_fronts for c in f]
+    fronts = [front, *bucket_fronts]
     if profile.has_draft_entropy:  # trees sized for confident and unsure drafts
         draft = profile.draft_entropy()
         draft_edges = entropy_bucket_edges(draft, settings.report_buckets)
-        pool += [c.tree for f in fronts_by_bucket(draft, ranks, draft_edges, latency,
-                                                  study_name=f"{name}-draft-shapes",
-                                                  **front_kwargs) for c in f]
+        fronts += fronts_by_bucket(draft, ranks, draft_edges, latency,
+                                   study_name=f"{name}-draft-shapes", **front_kwargs)
     # The empty tree is a plain decoding step: where drafts rarely pay (unsure heads, or a
     # machine where verifying one more token costs much), a schedule may skip drafting.
-    candidates = select_candidates([Tree.from_paths([]), *pool], settings.max_candidates)
+    candidates = select_candidates(fronts, settings.max_candidates,
+                                   extra=[Tree.from_paths([])])
     schedule = calibrate_schedule(
         profile,
         candidates,
