@@ -1,12 +1,13 @@
 """Linear layers over a few rows on CPU: ``weight @ x.T`` instead of ``F.linear``.
 
 Decoding multiplies 1 to a few dozen rows (one token, or a draft tree's nodes) by every weight
-matrix. On CPU (torch 2.13, 2 threads) ``F.linear`` is slow for exactly those shapes:
-``x @ W.T`` with 2-5 rows took 2-4x longer than the same product written as ``W @ x.T``, and a
-single row (a matrix-vector product) took twice as long as two rows (bench/bench_lm_head.py for
-the vocabulary projection; bench/bench_row_gemm.py for whole decoding steps of the default model).
-So for at most ``FEW_ROWS`` rows this module computes ``(W @ x.T).T``, a single row duplicated
-to two. The results differ from ``F.linear`` by float rounding only (about 1e-6 relative).
+matrix. On CPU (torch 2.13, 2 threads) ``F.linear`` is slow for exactly those shapes: the
+vocabulary projection of 1-3 rows as ``x @ W.T`` took 2-5x longer than the same product written
+as ``W @ x.T``, and a single row (a matrix-vector product) longer than two rows
+(bench/bench_lm_head.py); a whole forward of 1-4 tokens through the default model is 1.7-2.8x
+faster this way (bench/bench_row_gemm.py). So for at most ``FEW_ROWS`` rows this module computes
+``(W @ x.T).T``, a single row duplicated to two, made contiguous. The results differ from
+``F.linear`` by float rounding only (about 1e-6 relative).
 
 GPUs (cuBLAS) have no such gap, and gradients need ``F.linear``'s autograd path, so both keep
 ``F.linear``.
