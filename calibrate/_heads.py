@@ -358,7 +358,9 @@ def new_heads(
                 linear.weight.copy_(lm_head.weight)
     heads.base_model_name = str(getattr(base, "name", "") or _base_model_name(module))
     parameter = next(module.parameters())
-    return heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+    heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+    use_few_row_kernel(heads)  # as load_heads: random heads must time like trained ones
+    return heads
 
 
 def _build_heads(

@@ -137,7 +137,7 @@ def test_subclasses_of_linear_keep_their_forward():
 
 
 def test_loaders_use_the_kernel_on_cpu(tiny_model_dir, tiny_medusa_dir):
-    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._heads import load_heads, new_heads
 
     base = load_base_model(tiny_model_dir)
     assert uses_few_row_kernel(base.model.get_output_embeddings())
@@ -145,3 +145,6 @@ def test_loaders_use_the_kernel_on_cpu(tiny_model_dir, tiny_medusa_dir):
     assert _linear_layers(heads) and all(uses_few_row_kernel(m) for m in _linear_layers(heads))
     model = random_model(tiny_model_dir).model
     assert all(uses_few_row_kernel(m) for m in _linear_layers(model))
+    for head_type in ("medusa", "hydra"):  # random heads time the latency model
+        fresh = new_heads(model, head_type=head_type, num_heads=2)
+        assert _linear_layers(fresh) and all(uses_few_row_kernel(m) for m in _linear_layers(fresh))
