@@ -359,6 +359,12 @@ def latency(
                   f"{measured.step_ms(0, 0):.2f} ms with no tree, "
                   f"{measured.step_ms(largest, 0):.2f} ms at {largest} nodes; "
                   f"autoregressive {measured.autoregressive_ms:.2f} ms")
+    if measured.prepare_ms_by_depth:
+        console.print("heads prepared for a draft-entropy choice, by draft depth: "
+                      + ", ".join(f"{ms:.2f}" for ms in measured.prepare_ms_by_depth) + " ms")
+    if measured.fused_empty_ms_by_depth:
+        console.print("fused empty-tree step, by draft depth: "
+                      + ", ".join(f"{ms:.2f}" for ms in measured.fused_empty_ms_by_depth) + " ms")
     console.print(f"wrote {out}")
     if plot is not None:
         models = _plot_models({default_label(measured, "measured"): measured}, list(compare))

@@ -12,7 +12,10 @@ timed; ``warmup`` untimed rounds come first. Each round also times the heads' pr
 draft-entropy choice (``prepare_ms``) and, when the heads fuse with the base model's lm_head
 (Medusa with a shared lm_head), one fused empty-tree step (``fused_empty_ms``: the plain step
 whose projection also yields the next step's heads, plus that head 1's entropy), cache restored
-after it like the other steps. A point's time is the trimmed mean of its ``repeats``
+after it like the other steps. Medusa heads prepare one projection row per level of the
+schedule's deepest tree, so both are timed for every draft depth 1..num_heads
+(``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth``; the scalar fields hold the deepest).
+A point's time is the trimmed mean of its ``repeats``
 (``TRIM`` cut at each end): the mean, because a decode's time is the sum of its steps, trimmed so
 that one stray pause does not move it. The median used before sat below the live mean on a loaded
 machine (steps have a long right tail), so bundles over-promised tokens/s.
@@ -163,8 +166,14 @@ def profile_latency(
     vocab = model.get_output_embeddings().weight.shape[0]
     rows: list[tuple[int, int, float]] = []
     autoregressive: dict[int, float] = {}
-    prepare: dict[int, float] = {}  # heads run before a draft-entropy choice (see LatencyModel)
-    fused: dict[int, float] = {}  # empty-tree step that also prepares the next one
+    # Medusa heads prepare one projection row per level of the schedule's deepest tree, so
+    # their prepare and fused steps are timed for every draft depth; Hydra's prepare is head 1.
+    draft_depths = (list(range(1, heads.num_heads + 1))
+                    if decoder.drafter.head_type == "medusa" else [heads.num_heads])
+    # per draft depth, per context: heads run before a draft-entropy choice (see LatencyModel)
+    prepare: dict[int, dict[int, float]] = {d: {} for d in draft_depths}
+    # per draft depth, per context: empty-tree step that also prepares the next one
+    fused: dict[int, dict[int, float]] = {d: {} for d in draft_depths}
     empty_plan = decoder.plan(Tree.from_paths([]))
     plans = [decoder.plan(tree) for tree in measured]
     for length in context_lengths:
@@ -192,26 +201,26 @@ def profile_latency(
                 int(logits[-1].argmax())
             return clock.now() - start
 
-        def prepare_step(state: DecodingState = state) -> float:
+        def prepare_step(depth: int, state: DecodingState = state) -> float:
             start = clock.now()
             with torch.inference_mode():
-                prepared = decoder.prepare(state, heads.num_heads)
+                prepared = decoder.prepare(state, depth)
                 float(entropy_from_logits(prepared.first_logits))
             return clock.now() - start
 
-        def fused_step(state: DecodingState = state) -> float:
+        def fused_step(depth: int, state: DecodingState = state) -> float:
             start = clock.now()
             with torch.inference_mode():
                 outcome, prepared = decoder.fused_empty_step(state, empty_plan, greedy_accept,
-                                                             heads.num_heads)
+                                                             depth)
                 decoder.commit(state, outcome, outcome.path)
                 float(entropy_from_logits(prepared.first_logits))  # the next step's choice
             return clock.now() - start
 
         times: list[list[float]] = [[] for _ in plans]
         plain: list[float] = []
-        preparing: list[float] = []
-        fusing: list[float] = []
+        preparing: dict[int, list[float]] = {d: [] for d in draft_depths}
+        fusing: dict[int, list[float]] = {d: [] for d in draft_depths}
         for round_index in range(warmup + repeats):
             for i, plan in enumerate(plans):
                 elapsed = tree_step(plan)
@@ -222,20 +231,22 @@ def profile_latency(
             restore()
             if round_index >= warmup:
                 plain.append(elapsed)
-            elapsed = prepare_step()  # reads the state only: nothing to restore
-            if round_index >= warmup:
-                preparing.append(elapsed)
-            if decoder.fuses_empty:
-                elapsed = fused_step()
-                restore()
+            for depth in draft_depths:
+                elapsed = prepare_step(depth)  # reads the state only: nothing to restore
                 if round_index >= warmup:
-                    fusing.append(elapsed)
+                    preparing[depth].append(elapsed)
+                if decoder.fuses_empty:
+                    elapsed = fused_step(depth)
+                    restore()
+                    if round_index >= warmup:
+                        fusing[depth].append(elapsed)
         rows += [(tree.num_nodes, tree.depth, trimmed_mean(t)) for tree, t in zip(
             measured, times, strict=True)]
         autoregressive[int(length)] = trimmed_mean(plain)
-        prepare[int(length)] = trimmed_mean(preparing)
-        if fusing:
-            fused[int(length)] = trimmed_mean(fusing)
+        for depth in draft_depths:
+            prepare[depth][int(length)] = trimmed_mean(preparing[depth])
+            if fusing[depth]:
+                fused[depth][int(length)] = trimmed_mean(fusing[depth])
 
     hardware = {
         **hardware_info(model),
@@ -248,11 +259,16 @@ def profile_latency(
         "num_heads": int(heads.num_heads),
         "autoregressive_ms_by_context": {str(k): v for k, v in autoregressive.items()},
     }
+    prepare_by_depth = [statistics.fmean(prepare[d].values()) for d in draft_depths]
+    fused_by_depth = [statistics.fmean(fused[d].values()) for d in draft_depths if fused[d]]
+    per_depth = len(draft_depths) > 1
     return LatencyModel.from_measurements(
         rows,
         autoregressive_ms=statistics.fmean(autoregressive.values()),
-        prepare_ms=statistics.fmean(prepare.values()),
-        fused_empty_ms=statistics.fmean(fused.values()) if fused else None,
+        prepare_ms=prepare_by_depth[-1],
+        fused_empty_ms=fused_by_depth[-1] if fused_by_depth else None,
+        prepare_ms_by_depth=prepare_by_depth if per_depth else (),
+        fused_empty_ms_by_depth=fused_by_depth if per_depth else (),
         hardware=hardware,
     )
 

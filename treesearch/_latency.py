@@ -16,6 +16,13 @@ sharing the base lm_head: rows ``[hidden; head 1..D features]`` through that one
 head 1's entropy for the next choice). A draft-entropy schedule then pays, for an empty-tree
 step, ``fused_empty_ms`` plus ``prepare_ms`` unless the previous step of the trajectory was an
 empty-tree step too (whose fused projection already prepared this one); see the replay.
+
+Both depend on how many heads a schedule prepares: Medusa heads project one row per level of
+the schedule's deepest tree, and on a CPU each extra row of a vocabulary projection costs (a
+depth-1 schedule's fused step is almost a plain step; a depth-4 one pays three more rows).
+``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth`` (entry ``d - 1``: trees of depth <= ``d``)
+hold those measurements; ``prepare_cost(d)`` / ``fused_empty_cost(d)`` read them, falling back
+to the scalar fields (the deepest value, kept for readers of older files) when absent.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class LatencyModel:
     depth_ms: float = 0.0  # extra time per tree level
     prepare_ms: float = 0.0  # draft-entropy schedules: heads run before an empty tree's step
     fused_empty_ms: float | None = None  # empty step that also prepares the next (None: no fusion)
+    prepare_ms_by_depth: tuple[float, ...] = ()  # [d - 1]: prepare for trees of depth <= d
+    fused_empty_ms_by_depth: tuple[float, ...] = ()  # [d - 1]: fused empty step, depth <= d
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
 
@@ -58,7 +67,19 @@ class LatencyModel:
                   float(self.prepare_ms), *(() if fused is None else (fused,)))
         if not all(np.isfinite(values)) or min(values) < 0:
             raise EntmtpError("latency model times must be finite and non-negative")
+        prepare_by_depth = tuple(float(v) for v in self.prepare_ms_by_depth)
+        fused_by_depth = tuple(float(v) for v in self.fused_empty_ms_by_depth)
+        if not all(np.isfinite((*prepare_by_depth, *fused_by_depth))) or min(
+            (*prepare_by_depth, *fused_by_depth), default=0.0
+        ) < 0:
+            raise EntmtpError("latency model times must be finite and non-negative")
+        if fused_by_depth and fused is None:
+            raise EntmtpError(
+                "latency model has fused_empty_ms_by_depth but no fused_empty_ms: give both"
+            )
         object.__setattr__(self, "fused_empty_ms", fused)
+        object.__setattr__(self, "prepare_ms_by_depth", prepare_by_depth)
+        object.__setattr__(self, "fused_empty_ms_by_depth", fused_by_depth)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "verify_ms", verify)
 
@@ -77,6 +98,18 @@ class LatencyModel:
     def tree_ms(self, tree) -> float:
         return float(self.step_ms(tree.num_nodes, tree.depth))
 
+    def prepare_cost(self, draft_depth: int) -> float:
+        """ms to run the heads before a choice, for a schedule whose deepest tree has
+        ``draft_depth`` levels (at least head 1 always runs)."""
+        return _by_depth(self.prepare_ms_by_depth, draft_depth, self.prepare_ms)
+
+    def fused_empty_cost(self, draft_depth: int) -> float | None:
+        """ms of a fused empty-tree step preparing trees of depth <= ``draft_depth``; None when
+        the heads cannot be fused."""
+        if self.fused_empty_ms is None:
+            return None
+        return _by_depth(self.fused_empty_ms_by_depth, draft_depth, self.fused_empty_ms)
+
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_measurements(
@@ -86,6 +119,8 @@ class LatencyModel:
         autoregressive_ms: float,
         prepare_ms: float = 0.0,
         fused_empty_ms: float | None = None,
+        prepare_ms_by_depth: Sequence[float] = (),
+        fused_empty_ms_by_depth: Sequence[float] = (),
         hardware: dict[str, Any] | None = None,
     ) -> LatencyModel:
         """Least-squares fit of ``verify`` (one value per measured node count) and ``depth_ms``.
@@ -110,6 +145,8 @@ class LatencyModel:
             depth_ms=depth_ms,
             prepare_ms=float(prepare_ms),
             fused_empty_ms=fused_empty_ms,
+            prepare_ms_by_depth=tuple(prepare_ms_by_depth),
+            fused_empty_ms_by_depth=tuple(fused_empty_ms_by_depth),
             hardware=dict(hardware or {}),
             measurements=tuple(rows),
         )
@@ -143,6 +180,11 @@ class LatencyModel:
         out["measurements"] = [list(m) for m in self.measurements]
         if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
             del out["fused_empty_ms"]
+        for name in ("prepare_ms_by_depth", "fused_empty_ms_by_depth"):
+            if out[name]:
+                out[name] = list(out[name])
+            else:  # optional: absent means one value for every depth
+                del out[name]
         return out
 
     @classmethod
@@ -157,6 +199,8 @@ class LatencyModel:
                 depth_ms=float(obj.get("depth_ms", 0.0)),
                 prepare_ms=float(obj.get("prepare_ms", 0.0)),
                 fused_empty_ms=_optional_float(obj.get("fused_empty_ms")),
+                prepare_ms_by_depth=tuple(obj.get("prepare_ms_by_depth", ())),
+                fused_empty_ms_by_depth=tuple(obj.get("fused_empty_ms_by_depth", ())),
                 hardware=dict(obj.get("hardware", {})),
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
             )
@@ -180,6 +224,13 @@ class LatencyModel:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _by_depth(values: tuple[float, ...], draft_depth: int, fallback: float) -> float:
+    """``values[d - 1]`` for ``d`` clamped to 1..len(values); ``fallback`` when empty."""
+    if not values:
+        return fallback
+    return values[min(max(int(draft_depth), 1), len(values)) - 1]
 
 
 def _fit_knots(

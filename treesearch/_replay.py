@@ -13,6 +13,8 @@ A step's time is its tree's modelled latency; a draft-entropy schedule adds the 
 before the choice to empty-tree steps (``prepare_ms``), and with fused heads
 (``LatencyModel.fused_empty_ms``) an empty-tree step right after another one costs only
 ``fused_empty_ms``, since the previous step's projection prepared it (``Replayer.step_ms``).
+Both are charged for the schedule's *draft depth*, the depth of its deepest tree (the heads a
+live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``).
 
 ``Replayer`` precomputes each tree's accept length at every position once, so replaying one
 more schedule costs a gather plus a Python jump loop over the steps.
@@ -205,58 +207,74 @@ class Replayer:
         """Whether an empty-tree step under ``signal`` also prepares the next step's heads."""
         return signal == DRAFT_ENTROPY and self.latency.fused_empty_ms is not None
 
-    def step_costs(self, signal: str = BASE_ENTROPY) -> np.ndarray:
+    def draft_depth(self, tree_indices: Sequence[int] | np.ndarray) -> int:
+        """Depth of the deepest of ``self.trees[i]``: the heads a schedule over them prepares."""
+        return max((self.trees[int(i)].depth for i in np.unique(tree_indices)), default=0)
+
+    def step_costs(self, signal: str = BASE_ENTROPY, draft_depth: int | None = None) -> np.ndarray:
         """Modelled ms of a step with each tree under ``signal``: float64 ``[trees]``.
 
         A draft-entropy schedule runs the heads before choosing; only an empty tree does not
-        reuse them, so only its steps pay the latency model's ``prepare_ms``. With fused heads
-        (``fuses``) an empty tree's step costs ``fused_empty_ms + prepare_ms`` here; one right
-        after another empty-tree step costs ``fused_empty_ms`` only (see ``step_ms``).
+        reuse them, so only its steps pay the latency model's ``prepare_cost``. With fused heads
+        (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost`` here; one
+        right after another empty-tree step costs ``fused_empty_cost`` only (see ``step_ms``).
+        ``draft_depth`` is the schedule's (None: the deepest of all ``self.trees``).
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
         if signal != DRAFT_ENTROPY:
             return costs
         latency = self.latency
+        depth = self.draft_depth(range(len(self.trees))) if draft_depth is None else draft_depth
+        prepare = latency.prepare_cost(depth)
         if self.fuses(signal):
-            return np.where(self._empty, latency.fused_empty_ms + latency.prepare_ms, costs)
-        if latency.prepare_ms > 0:
-            costs = costs + np.where(self._empty, latency.prepare_ms, 0.0)
+            return np.where(self._empty, latency.fused_empty_cost(depth) + prepare, costs)
+        if prepare > 0:
+            costs = costs + np.where(self._empty, prepare, 0.0)
         return costs
 
     def step_ms(
-        self, steps: np.ndarray, tree_at: np.ndarray, signal: str = BASE_ENTROPY
+        self, steps: np.ndarray, tree_at: np.ndarray, signal: str = BASE_ENTROPY,
+        draft_depth: int | None = None,
     ) -> np.ndarray:
         """Modelled ms of each step (global start positions ``steps``): float64 ``[steps]``.
 
         ``step_costs`` of the step's tree, except after an empty-tree step of the same
         trajectory when heads are fused: that step's projection already gave this step's heads'
-        logits, so an empty-tree step costs ``fused_empty_ms`` alone and a drafted step saves the
-        heads' projection its ``tree_ms`` includes (about ``prepare_ms``).
+        logits, so an empty-tree step costs ``fused_empty_cost`` alone and a drafted step saves
+        the heads' projection its ``tree_ms`` includes (about ``prepare_cost``). ``draft_depth``
+        None: the deepest tree that ``tree_at`` uses.
         """
+        if draft_depth is None:
+            draft_depth = self.draft_depth(tree_at)
         step_tree = tree_at[steps]
-        ms = self.step_costs(signal)[step_tree]
+        ms = self.step_costs(signal, draft_depth)[step_tree]
         if self.fuses(signal) and len(steps) > 1:
             empty = self._empty[step_tree]
             prepared = np.zeros(len(steps), dtype=bool)  # by the previous step's projection
             prepared[1:] = empty[:-1]
             prepared &= ~self._trace_start[steps]
-            ms = np.where(prepared & empty, self.latency.fused_empty_ms, ms)
-            saved = np.maximum(ms - self.latency.prepare_ms, 0.0)
+            ms = np.where(prepared & empty, self.latency.fused_empty_cost(draft_depth), ms)
+            saved = np.maximum(ms - self.latency.prepare_cost(draft_depth), 0.0)
             ms = np.where(prepared & ~empty, saved, ms)
         return ms
 
-    def time_ms(self, tree_at: np.ndarray, signal: str = BASE_ENTROPY) -> float:
+    def time_ms(
+        self, tree_at: np.ndarray, signal: str = BASE_ENTROPY, draft_depth: int | None = None
+    ) -> float:
         """Total modelled time of the replay (the search's objective; cheaper than ``run``)."""
         steps = self.step_starts(tree_at)
-        return float(self.step_ms(steps, tree_at, signal).sum())
+        return float(self.step_ms(steps, tree_at, signal, draft_depth).sum())
 
     def run(
         self, tree_at: np.ndarray, *, estimates: np.ndarray | None = None,
-        signal: str = BASE_ENTROPY,
+        signal: str = BASE_ENTROPY, draft_depth: int | None = None,
     ) -> ReplayResult:
-        """Full replay record for a tree index per position."""
+        """Full replay record for a tree index per position (``draft_depth`` as in
+        ``step_ms``)."""
         tree_at = np.asarray(tree_at, dtype=np.int64)
-        return self._result(self.step_starts(tree_at), tree_at, estimates, signal)
+        if draft_depth is None:
+            draft_depth = self.draft_depth(tree_at)
+        return self._result(self.step_starts(tree_at), tree_at, estimates, signal, draft_depth)
 
     def run_schedule(
         self,
@@ -265,8 +283,11 @@ class Replayer:
         bucket_trees: Sequence[int],
         signal: str = BASE_ENTROPY,
     ) -> ReplayResult:
+        """Replay a schedule; its draft depth is that of its deepest bucket tree (chosen or
+        not), as in the live decoder."""
         tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees, signal)
-        return self.run(tree_at, estimates=self.estimates(estimator, signal), signal=signal)
+        return self.run(tree_at, estimates=self.estimates(estimator, signal), signal=signal,
+                        draft_depth=self.draft_depth(bucket_trees))
 
     def static(self, index: int) -> ReplayResult:
         """Replay with ``self.trees[index]`` at every step."""
@@ -301,12 +322,12 @@ class Replayer:
 
     def _result(
         self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None,
-        signal: str = BASE_ENTROPY,
+        signal: str, draft_depth: int,
     ) -> ReplayResult:
         step_tree = tree_at[steps]
         step_accept = self.accept[step_tree, steps]
-        costs = self.step_costs(signal)
-        step_ms = self.step_ms(steps, tree_at, signal)
+        costs = self.step_costs(signal, draft_depth)
+        step_ms = self.step_ms(steps, tree_at, signal, draft_depth)
         # The step's trajectory: the last one starting at or before it (empty ones are skipped).
         step_trace = np.searchsorted(self.starts, steps, side="right").astype(np.int64) - 1
         num_traces = len(self.starts)

@@ -106,6 +106,9 @@ def _fingerprint(profile: Profile, candidates: Sequence[Tree], latency: LatencyM
     digest.update(json.dumps([t.to_json() for t in candidates]).encode())
     digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms,
                               latency.prepare_ms, latency.fused_empty_ms]).encode())
+    if latency.prepare_ms_by_depth or latency.fused_empty_ms_by_depth:  # older fingerprints hold
+        digest.update(json.dumps([latency.prepare_ms_by_depth,
+                                  latency.fused_empty_ms_by_depth]).encode())
     digest.update(np.ascontiguousarray(profile.entropy()).tobytes())
     digest.update(np.ascontiguousarray(profile.ranks()).tobytes())
     return digest.hexdigest()[:16]
@@ -172,7 +175,10 @@ class _Objective:
             key = (signal, estimator, thresholds, tuple(assignment))
             if key not in self._times:
                 tree_at = np.asarray(assignment, dtype=np.int64)[buckets]
-                self._times[key] = self.replayer.time_ms(tree_at, signal)
+                # the live decoder prepares heads for every tree of the schedule, used or not
+                self._times[key] = self.replayer.time_ms(
+                    tree_at, signal, self.replayer.draft_depth(assignment)
+                )
             return self._times[key]
 
         # A draft-entropy schedule that serves one tree everywhere costs at least the static

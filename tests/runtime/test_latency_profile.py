@@ -55,6 +55,7 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
     assert all(ms > 0 and math.isfinite(ms) for _, _, ms in latency.measurements)
     assert latency.autoregressive_ms > 0 and latency.prepare_ms > 0
     assert latency.fused_empty_ms is None  # Hydra's head 1 needs the next token: never fused
+    assert latency.prepare_ms_by_depth == ()  # Hydra prepares head 1 whatever the depth
     hardware = latency.hardware
     for key in ("device", "device_name", "torch", "cpu_count", "dtype", "context_lengths"):
         assert key in hardware
@@ -139,15 +140,23 @@ def test_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkeypatch,
     heads = new_heads(model, head_type="medusa", num_heads=2, seed=0, shared_lm_head=shared)
     latency = profile_latency(model, heads, node_counts=(0, 2), depths=(2,),
                               context_lengths=(8, 16), repeats=3, warmup=1, topk=3)
+    # Medusa heads prepare one row per level: prepare is timed for each draft depth 1..2
+    assert len(latency.prepare_ms_by_depth) == 2
+    assert latency.prepare_ms == latency.prepare_ms_by_depth[-1] > 0
     if not shared:
         assert fused == [] and latency.fused_empty_ms is None
+        assert latency.fused_empty_ms_by_depth == ()
         return
     assert latency.fused_empty_ms > 0 and math.isfinite(latency.fused_empty_ms)
+    assert latency.fused_empty_ms == latency.fused_empty_ms_by_depth[-1]
+    assert len(latency.fused_empty_ms_by_depth) == 2
     assert "fused_empty_ms" in latency.to_json()
-    # one per round ((warmup + repeats) at each context), always from the restored state
-    assert len(fused) == 2 * (1 + 3)
-    assert len(set(fused[:4])) == 1 and len(set(fused[4:])) == 1
-    assert {f[0] for f in fused} == {8, 16} and {(f[2], f[3]) for f in fused} == {(2, 0)}
+    # one per draft depth per round ((warmup + repeats) at each context), always from the
+    # restored state
+    assert len(fused) == 2 * 2 * (1 + 3)
+    assert len(set(fused[:8])) == 2 and len(set(fused[8:])) == 2
+    assert {f[0] for f in fused} == {8, 16}
+    assert {(f[2], f[3]) for f in fused} == {(1, 0), (2, 0)}
     # every timed tree step after it saw the restored cache
     assert stepped[: len(stepped) // 2] == [(8, 8)] * (len(stepped) // 2)
     assert stepped[len(stepped) // 2 :] == [(16, 16)] * (len(stepped) // 2)

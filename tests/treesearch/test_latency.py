@@ -96,6 +96,26 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
     assert LatencyModel.from_json({**fused.to_json(), "fused_empty_ms": None}) == latency
     path = tmp_path_factory.mktemp("latency") / "latency.json"
     assert LatencyModel.load(latency.save(path)) == latency
+    per_depth = dataclasses.replace(fused, prepare_ms_by_depth=(0.25, 0.5, 0.75),
+                                    fused_empty_ms_by_depth=(1.0, 1.25, 1.5))
+    assert per_depth.to_json()["prepare_ms_by_depth"] == [0.25, 0.5, 0.75]
+    assert LatencyModel.from_json(json.loads(json.dumps(per_depth.to_json()))) == per_depth
+    assert "prepare_ms_by_depth" not in fused.to_json()  # absent: one value for every depth
+
+
+def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scalar() -> None:
+    plain = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0, prepare_ms=3.0,
+                         fused_empty_ms=12.0)
+    for depth in range(0, 6):  # no per-depth values: the scalar for every depth
+        assert plain.prepare_cost(depth) == 3.0 and plain.fused_empty_cost(depth) == 12.0
+    per_depth = dataclasses.replace(plain, prepare_ms_by_depth=(1.0, 2.0, 3.0),
+                                    fused_empty_ms_by_depth=(10.5, 11.0, 12.0))
+    assert [per_depth.prepare_cost(d) for d in range(0, 6)] == [1.0, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert [per_depth.fused_empty_cost(d) for d in (0, 1, 2, 3, 9)] == [10.5, 10.5, 11.0, 12.0,
+                                                                         12.0]
+    unfused = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0,
+                           prepare_ms_by_depth=(1.0, 2.0))
+    assert unfused.fused_empty_cost(1) is None and unfused.prepare_cost(2) == 2.0
 
 
 @pytest.mark.parametrize(
@@ -114,6 +134,11 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": float("nan")},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": -1.0},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": float("inf")},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms_by_depth": (1.0, -1.0)},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms_by_depth": (float("nan"),)},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": 2.0,
+         "fused_empty_ms_by_depth": (2.0, float("inf"))},
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms_by_depth": (2.0,)},  # no scalar
     ],
 )
 def test_bad_values_rejected(kwargs) -> None:
@@ -158,3 +183,7 @@ def test_bundle_schema_takes_the_optional_fused_empty_ms() -> None:
     assert validator.is_valid(latency.to_json())
     assert validator.is_valid(dataclasses.replace(latency, fused_empty_ms=80.0).to_json())
     assert not validator.is_valid({**latency.to_json(), "fused_empty_ms": -1.0})
+    per_depth = dataclasses.replace(latency, fused_empty_ms=80.0, prepare_ms_by_depth=(1.0, 2.0),
+                                    fused_empty_ms_by_depth=(79.0, 80.0))
+    assert validator.is_valid(per_depth.to_json())
+    assert not validator.is_valid({**per_depth.to_json(), "prepare_ms_by_depth": [-1.0]})

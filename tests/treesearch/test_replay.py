@@ -92,6 +92,13 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
     i+1 .. i+a, cut at the trace's last token G-1, and steps run while i < G-1."""
     draft = schedule.signal == "draft_entropy"
     fused = draft and latency.fused_empty_ms is not None
+    # the heads are prepared for the schedule's deepest tree
+    depth = min(max(max(t.depth for t in schedule.trees), 1), 4)
+    prepare_ms = (latency.prepare_ms_by_depth[min(depth, len(latency.prepare_ms_by_depth)) - 1]
+                  if latency.prepare_ms_by_depth else latency.prepare_ms)
+    fused_ms = (latency.fused_empty_ms_by_depth[min(depth, len(latency.fused_empty_ms_by_depth))
+                                                - 1]
+                if latency.fused_empty_ms_by_depth else latency.fused_empty_ms)
     steps = []
     for j, trace in enumerate(profile.traces):
         entropy = [float(h) for h in trace.entropy]
@@ -109,13 +116,13 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             cost = latency.tree_ms(tree)
             if fused and tree.num_nodes == 0:
                 # one projection: this step's logits and the next step's heads
-                cost = latency.fused_empty_ms
+                cost = fused_ms
                 if not previous_empty:  # no earlier fused step prepared this one
-                    cost += latency.prepare_ms
+                    cost += prepare_ms
             elif draft and tree.num_nodes == 0:
-                cost += latency.prepare_ms  # the heads ran for the choice; nothing reuses them
+                cost += prepare_ms  # the heads ran for the choice; nothing reuses them
             elif fused and previous_empty:  # drafts from the heads that step already projected
-                cost = max(cost - latency.prepare_ms, 0.0)
+                cost = max(cost - prepare_ms, 0.0)
             steps.append((j, i, k, accepted, cost))
             previous_empty = tree.num_nodes == 0
             i += accepted
@@ -335,17 +342,24 @@ def test_draft_signal_replay_matches_the_step_by_step_reference(seed):
     np.testing.assert_array_equal(result.step_estimate, profile.draft_entropy()[steps])
 
 
-def _fused(latency: LatencyModel) -> LatencyModel:
-    return dataclasses.replace(latency, prepare_ms=3.25,
-                               fused_empty_ms=latency.tree_ms(Tree.from_paths([])) + 0.5)
+def _fused(latency: LatencyModel, *, by_depth: bool = False) -> LatencyModel:
+    plain = latency.tree_ms(Tree.from_paths([]))
+    fused = dataclasses.replace(latency, prepare_ms=3.25, fused_empty_ms=plain + 0.5)
+    if not by_depth:
+        return fused
+    # shallower schedules prepare fewer heads: cheaper (the deepest value is the scalar)
+    return dataclasses.replace(fused, prepare_ms_by_depth=(0.5, 1.25, 2.0, 3.25),
+                               fused_empty_ms_by_depth=(plain + 0.05, plain + 0.2,
+                                                        plain + 0.3, plain + 0.5))
 
 
+@pytest.mark.parametrize("by_depth", [False, True])
 @pytest.mark.parametrize("seed", range(10))
-def test_fused_draft_signal_replay_matches_the_step_by_step_reference(seed):
+def test_fused_draft_signal_replay_matches_the_step_by_step_reference(seed, by_depth):
     """Empty-tree steps right after an empty-tree step skip prepare_ms; others pay it."""
     rng = np.random.default_rng(500 + seed)
     profile = random_profile(seed, num_traces=8, draft=True)
-    latency = _fused(LATENCIES[seed % len(LATENCIES)])
+    latency = _fused(LATENCIES[seed % len(LATENCIES)], by_depth=by_depth)
     empty = Tree.from_paths([])
     runs = first_empty = after_drafted = 0
     for _ in range(5):
@@ -387,6 +401,39 @@ def test_fused_empty_steps_cost_prepare_once_per_run():
     unfused = dataclasses.replace(latency, fused_empty_ms=None)
     assert replay(profile, schedule, unfused).time_ms == pytest.approx(
         result.steps * (latency.tree_ms(Tree.from_paths([])) + latency.prepare_ms), rel=1e-12)
+
+
+def test_draft_schedules_pay_the_heads_of_their_deepest_tree_used_or_not():
+    """Per-depth prepare/fused costs: a schedule whose trees are at most 1 deep pays the
+    depth-1 cost; adding a deeper tree that no step uses still raises every empty step's cost
+    (the live decoder prepares heads for every tree of the schedule)."""
+    profile = random_profile(3, num_traces=6, draft=True)
+    latency = _fused(LATENCIES[0], by_depth=True)
+    empty, one = Tree.from_paths([]), Tree.from_paths([[0]])
+    deep = Tree.from_paths([[0], [0, 0], [0, 0, 0]])
+    shallow = Schedule((one, empty), (1.0,), EntropyEstimator.last(), "draft_entropy")
+    result = check_against_reference(profile, shallow, latency)
+    assert set(result.step_tree.tolist()) == {0, 1}
+    estimates = profile.draft_entropy()
+    never = float(estimates.max()) + 1.0  # the deep tree's bucket is above every estimate
+    padded = Schedule((one, empty, deep), (1.0, never), EntropyEstimator.last(),
+                      "draft_entropy")
+    padded_result = check_against_reference(profile, padded, latency)
+    assert padded_result.step_tree.tolist() == result.step_tree.tolist()
+    assert padded_result.time_ms > result.time_ms
+    replayer = Replayer(profile, (one, empty, deep), latency)
+    assert replayer.draft_depth([0, 1]) == 1 and replayer.draft_depth([0, 1, 2]) == 3
+    assert replayer.step_costs("draft_entropy", 1)[1] == pytest.approx(0.5 + plain_ms(latency)
+                                                                        + 0.05)
+    assert replayer.step_costs("draft_entropy", 3)[1] == pytest.approx(2.0 + plain_ms(latency)
+                                                                        + 0.3)
+    # the base signal never prepares heads: depth does not matter
+    assert replayer.step_costs("base_entropy", 1).tolist() == replayer.step_costs(
+        "base_entropy", 3).tolist()
+
+
+def plain_ms(latency: LatencyModel) -> float:
+    return latency.tree_ms(Tree.from_paths([]))
 
 
 def test_draft_signal_needs_a_profile_that_has_it():
