@@ -436,8 +436,10 @@ def main() -> int:
             "driver": "bench/train_heads.py",
             "command": results["command"],
             "data": "greedy trajectories of GSM8K-train / stdlib-docstring / ShareGPT / "
-                    "templated creative prompts, plus teacher-forced GSM8K-train answers, "
-                    "stdlib functions and ShareGPT replies; no task prompt (trees/heads/README.md)",
+                    "templated creative prompts"
+                    + (", plus teacher-forced GSM8K-train answers, stdlib functions and "
+                       "ShareGPT replies" if text else "")
+                    + "; no task prompt (trees/heads/README.md)",
             "train_tokens": len(train) and sum(len(t) for t in train),
             "seed": args.seed,
             "epochs": args.epochs,
