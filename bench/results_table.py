@@ -79,8 +79,11 @@ def markdown(reports: Sequence[tuple[str, dict[str, Any]]]) -> str:
             f"{machine['cpu_name']}, {machine['cpu_count']} cores, torch {machine['torch']}, "
             f"{machine['torch_threads']} torch threads, {machine['dtype']}, {machine['date']}")
         command = report.get("command", "command not recorded")
+        heads = report.get("heads_sha256")
+        which = "heads not recorded" if not heads else "heads " + ", ".join(
+            f"{kind} {sha[:12]}" for kind, sha in heads.items())
         lines.append(f"- `{path}`: {report['prompts']} {report['split']} prompts x "
-                     f"{report['max_new_tokens']} new tokens; {where}; `{command}`")
+                     f"{report['max_new_tokens']} new tokens; {where}; {which}; `{command}`")
     return "\n".join(lines) + "\n"
 
 

@@ -600,6 +600,8 @@ def bench(
         "prompts": len(encoded),
         "max_new_tokens": max_new_tokens,
         "bundles": [str(arm.path) for arm in arms],
+        # the head sets measured (each bundle was checked against its loaded heads)
+        "heads_sha256": {arm.head_type: arm.bundle.heads.sha256 for arm in arms},
         "threads": {"torch_threads": used_threads, "source": thread_source, "cpu": on_cpu},
         "machine": bench_machine(base.model, used_threads),
         "command": command_line(),

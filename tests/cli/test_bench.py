@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from entmtp.cli import _bench
 from entmtp.cli._bench import TARGETS, Target
+from entmtp.cli._live import read_bundle
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, load_bundle, oracle_replay, save_bundle
 
@@ -184,6 +185,9 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
     assert machine["torch_threads"] == BUNDLE_THREADS and machine["device"] == "cpu"
     assert machine["cpu_name"] and machine["date"].endswith("UTC")
     assert report["command"].startswith("entmtp")
+    assert report["heads_sha256"] == {
+        kind: read_bundle(Path(path))[1].heads.sha256
+        for kind, path in zip(("medusa", "hydra"), report["bundles"], strict=True)}
     check_results_table(out, report)
     assert spy.plotted == [*rows, "oracle[medusa] (est.)", "oracle[hydra] (est.)"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -324,3 +328,5 @@ def check_results_table(path: Path, report: dict) -> None:
     assert text.startswith("| task | heads |")
     assert text.count("\n| ") == len(rendered)  # data rows; the rule below the header is "|---"
     assert report["machine"]["date"] in text and report["command"] in text
+    for kind, sha in report.get("heads_sha256", {}).items():
+        assert f"{kind} {sha[:12]}" in text
