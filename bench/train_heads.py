@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import random
 import re
 import sys
@@ -56,6 +57,7 @@ from entmtp.calibrate._train import (
 )
 
 GSM8K_TRAIN = "gsm8k/train.jsonl"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def log(message: str) -> None:
@@ -342,6 +344,14 @@ def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
     }
 
 
+def recorded_args(args: argparse.Namespace) -> dict:
+    """The options as results.json records them: ``--shared`` (by default a path of this
+    checkout's layout) relative to the repository root, so the record names no machine path."""
+    recorded = dict(vars(args))
+    recorded["shared"] = os.path.relpath(Path(args.shared).resolve(), REPO_ROOT)
+    return recorded
+
+
 def describe(trajectories) -> dict:
     return {
         "trajectories": len(trajectories),
@@ -418,7 +428,7 @@ def main() -> int:
     out = Path(args.out)
     results: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "args": vars(args),
+        "args": recorded_args(args),
         "self_distilled": describe(self_distilled),
         "teacher_forced": describe(text),
         "eval": {task: describe(ts) for task, ts in evals.items()},

@@ -63,15 +63,12 @@ class LatencyModel:
         if nodes[0] != 0 or any(b <= a for a, b in zip(nodes, nodes[1:], strict=False)):
             raise EntmtpError("latency model node counts must start at 0 and ascend strictly")
         fused = None if self.fused_empty_ms is None else float(self.fused_empty_ms)
-        values = (*verify, float(self.autoregressive_ms), float(self.depth_ms),
-                  float(self.prepare_ms), *(() if fused is None else (fused,)))
-        if not all(np.isfinite(values)) or min(values) < 0:
-            raise EntmtpError("latency model times must be finite and non-negative")
         prepare_by_depth = tuple(float(v) for v in self.prepare_ms_by_depth)
         fused_by_depth = tuple(float(v) for v in self.fused_empty_ms_by_depth)
-        if not all(np.isfinite((*prepare_by_depth, *fused_by_depth))) or min(
-            (*prepare_by_depth, *fused_by_depth), default=0.0
-        ) < 0:
+        values = (*verify, float(self.autoregressive_ms), float(self.depth_ms),
+                  float(self.prepare_ms), *(() if fused is None else (fused,)),
+                  *prepare_by_depth, *fused_by_depth)
+        if not all(np.isfinite(values)) or min(values) < 0:
             raise EntmtpError("latency model times must be finite and non-negative")
         if fused_by_depth and fused is None:
             raise EntmtpError(

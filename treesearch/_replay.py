@@ -211,6 +211,15 @@ class Replayer:
         """Depth of the deepest of ``self.trees[i]``: the heads a schedule over them prepares."""
         return max((self.trees[int(i)].depth for i in np.unique(tree_indices)), default=0)
 
+    def _schedule_depth(
+        self, tree_at: np.ndarray, signal: str, draft_depth: int | None
+    ) -> int | None:
+        """``draft_depth``, or the deepest tree ``tree_at`` uses when None; only draft-entropy
+        schedules prepare heads, so the others skip the scan over every position."""
+        if draft_depth is None and signal == DRAFT_ENTROPY:
+            return self.draft_depth(tree_at)
+        return draft_depth
+
     def step_costs(self, signal: str = BASE_ENTROPY, draft_depth: int | None = None) -> np.ndarray:
         """Modelled ms of a step with each tree under ``signal``: float64 ``[trees]``.
 
@@ -218,7 +227,8 @@ class Replayer:
         reuse them, so only its steps pay the latency model's ``prepare_cost``. With fused heads
         (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost`` here; one
         right after another empty-tree step costs ``fused_empty_cost`` only (see ``step_ms``).
-        ``draft_depth`` is the schedule's (None: the deepest of all ``self.trees``).
+        ``draft_depth`` is the schedule's (None: the deepest of all ``self.trees``); only a
+        draft-entropy schedule reads it.
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
         if signal != DRAFT_ENTROPY:
@@ -244,8 +254,7 @@ class Replayer:
         the heads' projection its ``tree_ms`` includes (about ``prepare_cost``). ``draft_depth``
         None: the deepest tree that ``tree_at`` uses.
         """
-        if draft_depth is None:
-            draft_depth = self.draft_depth(tree_at)
+        draft_depth = self._schedule_depth(tree_at, signal, draft_depth)
         step_tree = tree_at[steps]
         ms = self.step_costs(signal, draft_depth)[step_tree]
         if self.fuses(signal) and len(steps) > 1:
@@ -272,8 +281,7 @@ class Replayer:
         """Full replay record for a tree index per position (``draft_depth`` as in
         ``step_ms``)."""
         tree_at = np.asarray(tree_at, dtype=np.int64)
-        if draft_depth is None:
-            draft_depth = self.draft_depth(tree_at)
+        draft_depth = self._schedule_depth(tree_at, signal, draft_depth)
         return self._result(self.step_starts(tree_at), tree_at, estimates, signal, draft_depth)
 
     def run_schedule(
@@ -322,7 +330,7 @@ class Replayer:
 
     def _result(
         self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None,
-        signal: str, draft_depth: int,
+        signal: str, draft_depth: int | None,
     ) -> ReplayResult:
         step_tree = tree_at[steps]
         step_accept = self.accept[step_tree, steps]
