@@ -4,9 +4,12 @@
 
 One row per task and bundle (head type): measured tokens/s of autoregressive decoding, the
 bundle's head set with Medusa's `mc_sim_7b_63`, the bundle's best static tree and the bundle's
-schedule; the schedule's ratios to each; the fraction of the oracle (replayed); measured over
-replayed accept length and tokens/s; lossless; the targets missed. Under the table: date,
-machine and command of each report.
+schedule; the schedule's ratios to each (against the best static tree with its 95% paired
+bootstrap interval over prompts, and the same ratio replayed with the latency model, the
+noise-free prediction on these trajectories); the fraction of the oracle (replayed); measured
+over replayed accept length and tokens/s; measured autoregressive tokens/s over the latency
+model's (above 1: the machine ran faster than when that model was measured); lossless; the
+targets missed. Under the table: date, machine and command of each report.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("task", "heads", "AR tok/s", "mc_sim_7b_63 tok/s", "best static tok/s (nodes)",
-           "entmtp tok/s", "vs Hydra+mc_sim", "vs Medusa+mc_sim", "vs best static", "vs AR",
-           "% of oracle", "accept meas/replay", "tok/s meas/replay", "lossless",
-           "targets missed")
+           "entmtp tok/s", "vs Hydra+mc_sim", "vs Medusa+mc_sim", "vs best static [95% CI]",
+           "replayed vs best static", "vs AR", "% of oracle", "accept meas/replay",
+           "tok/s meas/replay", "AR meas/model", "lossless", "targets missed")
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -29,6 +32,13 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def _ratio(value: float | None) -> str:
     return _fmt(value, ".2f", "x")
+
+
+def ratio_with_interval(value: float | None, interval: list[float] | None) -> str:
+    """``0.98x [0.95-1.01]``: a measured ratio and its paired bootstrap interval, if any."""
+    if interval is None:
+        return _ratio(value)
+    return f"{_ratio(value)} [{interval[0]:.2f}-{interval[1]:.2f}]"
 
 
 def missed_targets(prediction: dict[str, Any]) -> str:
@@ -55,12 +65,15 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
             f"{entmtp['tokens_per_second']:.2f}",
             _ratio(prediction.get("speedup_vs_hydra-mc_sim_7b_63")),
             _ratio(prediction.get("speedup_vs_medusa-mc_sim_7b_63")),
-            _ratio(prediction.get("speedup_vs_best_static")),
+            ratio_with_interval(prediction.get("speedup_vs_best_static"),
+                                prediction.get("speedup_vs_best_static_ci95")),
+            _fmt(prediction.get("replayed_speedup_vs_best_static"), ".3f"),
             _ratio(prediction.get("speedup_vs_autoregressive")),
             _fmt(None if prediction.get("fraction_of_oracle") is None
                  else 100 * prediction["fraction_of_oracle"], ".1f", "%"),
             _fmt(prediction.get("accept_length_ratio"), ".3f"),
             _fmt(prediction.get("tokens_per_second_ratio"), ".3f"),
+            _fmt(prediction.get("autoregressive_measured_over_modelled"), ".3f"),
             "yes" if all(r["lossless"] for r in report["rows"]) else "NO",
             missed_targets(prediction),
         ])

@@ -60,6 +60,7 @@ from ._live import (
     write_json,
 )
 from ._model_setup import HEAD_TYPES
+from ._paired import paired_ratio_interval
 from ._runs import command_line
 from .app import app
 
@@ -243,11 +244,31 @@ def _is_baseline_of(baseline: MethodRuns, run: MethodRuns) -> bool:
     return role == BEST_STATIC and mine in (None, baseline.method.info.get("heads"))
 
 
+def per_prompt(run: MethodRuns) -> dict[str, list]:
+    """Decode tokens, decoding-step ms and steps of each prompt, in prompt order."""
+    return {"decode_tokens": [max(len(r.tokens) - 1, 0) for r in run.results],
+            "decode_ms": [r.decode_ms for r in run.results],
+            "steps": [r.steps for r in run.results]}
+
+
+def speedup_interval(run: MethodRuns, baseline: MethodRuns) -> list[float] | None:
+    """95% paired bootstrap interval (over prompts) of ``run``'s speedup over ``baseline``;
+    None when a prompt has no decoding time (nothing to compare)."""
+    mine, theirs = per_prompt(run), per_prompt(baseline)
+    times = mine["decode_ms"] + theirs["decode_ms"]
+    if not times or min(times) <= 0:
+        return None
+    return list(paired_ratio_interval(mine["decode_tokens"], mine["decode_ms"],
+                                      theirs["decode_tokens"], theirs["decode_ms"]))
+
+
 def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
-    """One JSON row per measured method, with speedups as ratios to each of its baselines."""
+    """One JSON row per measured method, with speedups as ratios to each of its baselines (and
+    their 95% intervals over prompts)."""
     reference = runs[0]  # autoregressive: the lossless reference output
     rows = []
     for run in runs:
+        baselines = [b for b in runs if _is_baseline_of(b, run)]
         rows.append({
             "name": run.name,
             "heads": None,
@@ -259,10 +280,10 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
             "decode_tokens": run.decode_tokens,
             "steps": run.steps,
             "lossless": not run.identical_to(reference),
-            "speedup": {
-                b.name: ratio(run.tokens_per_second, b.tokens_per_second)
-                for b in runs if _is_baseline_of(b, run)
-            },
+            "speedup": {b.name: ratio(run.tokens_per_second, b.tokens_per_second)
+                        for b in baselines},
+            "speedup_ci95": {b.name: speedup_interval(run, b) for b in baselines},
+            "per_prompt": per_prompt(run),
         })
     return rows
 
@@ -370,7 +391,10 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
         "lossless": row["lossless"],
         "oracle": _oracle(arm, profile, trees, schedule, live),
     }
-    out["fraction_of_oracle"] = out["oracle"].get("entmtp_fraction_of_oracle")
+    # Over one tree the hindsight bound is that tree: a one-tree bundle (the search found no
+    # switching that held up out of sample) has no schedule for the bound to measure.
+    out["fraction_of_oracle"] = (out["oracle"].get("entmtp_fraction_of_oracle")
+                                 if len(trees) > 1 else None)
     static_name = arm.row_name(BEST_STATIC)
     if static_name in by_name:
         static = replay(profile, bundle.best_static.tree, latency)
@@ -388,6 +412,18 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
         out[f"speedup_vs_{kind}-{REFERENCE_TREE}"] = row["speedup"].get(
             f"{kind}-{REFERENCE_TREE}")
     out["speedup_vs_best_static"] = row["speedup"].get(static_name)
+    out["speedup_vs_best_static_ci95"] = row.get("speedup_ci95", {}).get(static_name)
+    if "best_static" in out and timed:
+        # What the latency model says the schedule gains over the static tree on these very
+        # trajectories: the live ratio's noise-free counterpart.
+        out["replayed_speedup_vs_best_static"] = ratio(
+            schedule.tokens_per_second, out["best_static"]["replayed"]["tokens_per_second"])
+    autoregressive = next((r for r in rows if r["role"] == AUTOREGRESSIVE), None)
+    if autoregressive is not None and timed:
+        # Above 1: the machine ran faster than when its latency model was measured, which
+        # moves every row's measured/replayed tokens/s alike.
+        out["autoregressive_measured_over_modelled"] = ratio(
+            autoregressive["tokens_per_second"], 1000.0 / latency.autoregressive_ms)
     out["speedup_vs_autoregressive"] = row["speedup"].get(AUTOREGRESSIVE)
     out["targets"] = {t.key: {"value": out[t.key], "goal": t.goal(), "pass": t.passes(out[t.key])}
                       for t in TARGETS}
@@ -470,7 +506,7 @@ def _prediction_table(predictions: dict[str, dict[str, Any]]) -> Table:
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False, padding=0)
     for name in ("row", "accept", "replay", "calib", "tok/s", "replay", "calib", "oracle",
-                 "% oracle"):
+                 "% oracle", "vs static", "replay", "AR meas/model"):
         table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
     for p in predictions.values():
         table.add_row(
@@ -482,6 +518,9 @@ def _prediction_table(predictions: dict[str, dict[str, Any]]) -> Table:
             _num(p["calibration_predicted"]["tokens_per_second"], ".1f"),
             _num(p["oracle"]["tokens_per_second"], ".1f"),
             _num(p["fraction_of_oracle"], ".1%"),
+            _num(p.get("speedup_vs_best_static"), ".3f"),
+            _num(p.get("replayed_speedup_vs_best_static"), ".3f"),
+            _num(p.get("autoregressive_measured_over_modelled"), ".3f"),
         )
     return table
 
@@ -500,6 +539,9 @@ def target_line(prediction: dict[str, Any]) -> str:
             shown = _num(value, ".3f") + " "
         else:
             shown = _num(value, ".2f") + "x "
+            interval = prediction.get(f"{target.key}_ci95")
+            if interval:
+                shown += f"[{interval[0]:.2f}-{interval[1]:.2f}] "
         verdict = {True: "PASS", False: "MISS", None: "n/a"}[check["pass"]]
         goal = f" ({check['goal']})" if shown else ""
         parts.append(f"{target.label} {shown}{verdict}{goal}")

@@ -155,6 +155,9 @@ def calibrate(
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage: journal:PATH or "
                                        "an RDB URL, shared by several workers."),
     schedule_trials: int = typer.Option(150, "--schedule-trials"),
+    validation_folds: int = typer.Option(
+        3, "--validation-folds", help="Ship a switching schedule only if it also beats the "
+        "static tree on prompts left out of its search (K-fold; 0: off)."),
     shape_trials: int = typer.Option(0, "--shape-trials"),
     max_nodes: int = typer.Option(64, "--max-nodes"),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
@@ -188,6 +191,7 @@ def calibrate(
     latency_stage(run, latency_file=latency, loader=loader, console=console)
     settings = SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
                               schedule_trials=schedule_trials, seed=seed, storage=storage,
+                              validation_folds=validation_folds,
                               study_name=f"entmtp-{task}")
     search_stage(run, settings, console=console, task=task)
     console.print(f"wrote {run.bundle} and {run.report}")

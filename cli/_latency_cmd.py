@@ -426,13 +426,17 @@ def run_settings(front: Mapping[str, Any], run: RunDir) -> SearchSettings:
 
 def retarget_run(
     source: Path, latency_file: Path, *, out: Path | None = None, console: Console | None = None,
+    validation_folds: int | None = None,
 ) -> RunDir:
     """A copy of ``source``'s profile searched again under ``latency_file``: a new run folder
-    with its own latency.json, front, report and bundle (whose ``hardware`` is the target's)."""
+    with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
+    ``validation_folds``: None keeps the source run's setting."""
     console = console or Console()
     run = source_run(source)
     front = load_front(run)
     settings = run_settings(front, run)
+    if validation_folds is not None:
+        settings = replace(settings, validation_folds=validation_folds)
     target_latency = LatencyModel.load(latency_file)
     slug = hardware_slug(target_latency.hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
@@ -461,13 +465,17 @@ def retarget(
                                       "hardware (entmtp latency)."),
     out: Path | None = typer.Option(None, "--out", help="New run folder "
                                     "(default: RUN_DIR-<hardware>)."),
+    validation_folds: int | None = typer.Option(
+        None, "--validation-folds", help="K-fold out-of-sample check of the schedule (0: off; "
+        "default: the source run's setting)."),
 ) -> None:
     """Re-search a calibration run for other hardware, reusing its profile (no model needed).
 
     Example: entmtp retarget runs/code-medusa --latency trees/latency/h200.json
     """
     console = Console()
-    target = retarget_run(source, latency_file, out=out, console=console)
+    target = retarget_run(source, latency_file, out=out, console=console,
+                          validation_folds=validation_folds)
     source_bundle = source_run(source).bundle
     before = load_bundle(source_bundle) if source_bundle.is_file() else None
     after = load_bundle(target.bundle)

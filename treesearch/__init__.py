@@ -24,7 +24,7 @@ from ._profile import Profile, ProfileMeta, Trace, merge_profiles
 from ._replay import Replayer, ReplayResult, best_static, oracle_replay, replay
 from ._run import SearchOutcome, SearchSettings, make_bundle, reference_tree, search
 from ._schedule import Schedule
-from ._schedule_search import ScheduleSearchResult, calibrate_schedule
+from ._schedule_search import ScheduleSearchResult, Validation, calibrate_schedule
 from ._synthetic import synthetic_profile
 from ._tree import Tree, TreeBuffers
 
@@ -42,6 +42,7 @@ __all__ = [
     "ReplayResult",
     "Schedule",
     "ScheduleSearchResult",
+    "Validation",
     "SearchOutcome",
     "SearchSettings",
     "Trace",

@@ -53,6 +53,7 @@ class SearchSettings:
     seed: int = 0
     storage: str | None = None  # Optuna storage URL or journal:PATH; None = in memory
     study_name: str | None = None
+    validation_folds: int = 3  # a switching schedule must beat the static tree out of sample
 
 
 @dataclass
@@ -161,6 +162,7 @@ def search(
         storage=settings.storage,
         study_name=f"{name}-schedule",
         show_progress=show_progress,
+        validation_folds=settings.validation_folds,
     )
     outcome = SearchOutcome(settings, table, front, edges, bucket_fronts, schedule)
     for ref_name in references:
@@ -220,6 +222,21 @@ def make_bundle(
         best_static=BestStatic(static_tree, result.best_static.tokens_per_second, static_index),
         latency=latency,
     )
+
+
+def validation_line(result) -> str:
+    """What the out-of-sample check of the schedule search found (see calibrate_schedule)."""
+    check = result.validation
+    if check is None:
+        if result.study.best_trial is None:
+            return ("Cross-validation: not needed (no switching schedule beat the best static "
+                    "tree on the calibration traces).")
+        return "Cross-validation: not run."
+    verdict = ("kept the switching schedule" if check.passed else
+               "shipped the best static tree instead: the switching schedule did not generalize")
+    return (f"Cross-validation ({check.folds} folds of prompts, each replayed with the schedule "
+            f"and the static tree searched on the others): held-out schedule over static "
+            f"{check.gain:.3f}x; {verdict}.")
 
 
 def _positions_served(profile: Profile, schedule) -> np.ndarray:
@@ -317,6 +334,7 @@ def report_markdown(
                      f"{rep.speedup_vs_autoregressive:.3f}x | "
                      f"{rep.tokens_per_second / static_tps:.3f}x |")
     lines += ["", f"Schedule reaches {result.fraction_of_oracle:.1%} of the oracle's tokens/s.", ""]
+    lines += [validation_line(result), ""]
     lines += ["## Independence model (Medusa's tree builder) vs the empirical prefix model", "",
               "| tree | empirical accept length | independence model | relative error |",
               "|---|---:|---:|---:|"]

@@ -24,6 +24,13 @@ is replayed once more in full; if it is not strictly faster than the best static
 static tree is returned instead. It can never beat the hindsight oracle over the candidates,
 which is returned alongside.
 
+Thresholds fitted to a few thousand positions can win by noise: a schedule 1% faster than the
+static tree on the calibration traces may be slower on new text. With ``validation_folds`` K >=
+2 a switching schedule must also win out of sample: the prompts are split into K folds, the
+whole search runs again on every K - 1 of them, and its schedule and its best static tree are
+replayed on the fold left out. Unless the schedules' summed held-out time is below the static
+trees', the best static tree is shipped (``ScheduleSearchResult.validation`` says why).
+
 ``storage``: None (in memory), an Optuna database URL, or ``journal:PATH`` (a journal file that
 several processes can share; give each process its own ``seed``).
 """
@@ -62,6 +69,26 @@ class StudySummary:
     best_value: float  # the best trial's replayed tokens/s
 
 
+@dataclass(frozen=True)
+class Validation:
+    """K-fold check of the search: each fold replayed with the schedule and the best static tree
+    searched on the other folds."""
+
+    folds: int
+    schedule_ms: float  # summed over the held-out folds
+    static_ms: float
+    tokens: int  # decode tokens of all folds (the same for both)
+
+    @property
+    def gain(self) -> float:
+        """Held-out schedule tokens/s over held-out static tokens/s."""
+        return self.static_ms / self.schedule_ms if self.schedule_ms > 0 else 1.0
+
+    @property
+    def passed(self) -> bool:
+        return self.schedule_ms < self.static_ms
+
+
 @dataclass(frozen=True, eq=False)
 class ScheduleSearchResult:
     schedule: Schedule
@@ -72,6 +99,7 @@ class ScheduleSearchResult:
     best_static: ReplayResult
     oracle: ReplayResult  # best candidate per step in hindsight: the bound for any schedule
     study: StudySummary
+    validation: Validation | None = None  # None: not run (off, too few prompts, or static won)
 
     @property
     def gain_over_static(self) -> float:
@@ -223,11 +251,13 @@ def calibrate_schedule(
     storage: str | None = None,
     study_name: str | None = None,
     show_progress: bool = False,
+    validation_folds: int = 0,
 ) -> ScheduleSearchResult:
     """Search buckets, thresholds, estimator and tree per bucket for the best replayed tokens/s.
 
     Never returns a schedule slower than the best single candidate on ``profile``; see the module
-    doc for the search space and the coordinate ascent that picks each bucket's tree.
+    doc for the search space, the coordinate ascent that picks each bucket's tree and the
+    ``validation_folds`` check.
     """
     candidates = tuple(candidates)
     if not candidates:
@@ -236,6 +266,10 @@ def calibrate_schedule(
         raise EntmtpError(f"n_trials must be a non-negative integer, got {n_trials!r}")
     if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 1:
         raise EntmtpError(f"max_buckets must be an integer >= 1, got {max_buckets!r}")
+    if (isinstance(validation_folds, bool) or not isinstance(validation_folds, int)
+            or validation_folds < 0 or validation_folds == 1):
+        raise EntmtpError(f"validation_folds must be 0 (off) or an integer >= 2, got "
+                          f"{validation_folds!r}")
     optuna = import_optuna()
     replayer = Replayer(profile, candidates, latency)
     static_index, static_result = best_static_of(replayer)
@@ -296,6 +330,13 @@ def calibrate_schedule(
             if proposal_result.time_ms < static_result.time_ms:
                 schedule, result = proposal, proposal_result
                 bucket_candidates, best_trial = merged_trees, best.number
+    validation = None
+    if best_trial is not None and validation_folds >= 2:
+        validation = cross_validate(profile, candidates, latency, folds=validation_folds,
+                                    n_trials=n_trials, seed=seed, max_buckets=max_buckets)
+        if validation is not None and not validation.passed:
+            schedule, result = Schedule.static(candidates[static_index]), static_result
+            bucket_candidates, best_trial = [static_index], None
     summary = StudySummary(
         study_name=name,
         storage=storage,
@@ -312,4 +353,39 @@ def calibrate_schedule(
         best_static=static_result,
         oracle=oracle,
         study=summary,
+        validation=validation,
     )
+
+
+def fold_of_prompts(prompt_indices: Sequence[int], folds: int, seed: int) -> dict[int, int]:
+    """A seeded, balanced split of prompts into ``folds`` folds: prompt index -> fold."""
+    ordered = sorted(set(int(p) for p in prompt_indices))
+    order = np.random.default_rng(seed).permutation(len(ordered))
+    return {ordered[int(i)]: rank % folds for rank, i in enumerate(order)}
+
+
+def cross_validate(
+    profile: Profile, candidates: Sequence[Tree], latency: LatencyModel, *, folds: int,
+    n_trials: int, seed: int, max_buckets: int,
+) -> Validation | None:
+    """Search on all folds but one, replay the one left out, for every fold (see the module doc).
+
+    None when fewer prompts with a decoding step than ``folds`` (nothing to hold out).
+    """
+    usable = [t.prompt_index for t in profile.traces if t.num_positions >= 2]
+    if len(set(usable)) < folds:
+        return None
+    fold = fold_of_prompts(usable, folds, seed)
+    schedule_ms = static_ms = 0.0
+    tokens = 0
+    for k in range(folds):
+        train = profile.subset(p for p, f in fold.items() if f != k)
+        test = profile.subset(p for p, f in fold.items() if f == k)
+        searched = calibrate_schedule(train, candidates, latency, n_trials=n_trials, seed=seed,
+                                      max_buckets=max_buckets)
+        held_out = replay(test, searched.schedule, latency)
+        static = replay(test, candidates[searched.best_static_index], latency)
+        schedule_ms += held_out.time_ms
+        static_ms += static.time_ms
+        tokens += held_out.tokens
+    return Validation(folds, schedule_ms, static_ms, tokens)

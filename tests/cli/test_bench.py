@@ -124,6 +124,13 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
         assert row["lossless"] is True, name
         for base, value in row["speedup"].items():
             assert value == row["tokens_per_second"] / rows[base]["tokens_per_second"]
+            low, high = row["speedup_ci95"][base]
+            assert low <= value * (1 + 1e-9) and value <= high * (1 + 1e-9)
+        assert set(row["speedup_ci95"]) == set(row["speedup"])
+        # Per-prompt figures add up to the row's totals.
+        assert len(row["per_prompt"]["decode_ms"]) == len(PROMPTS)
+        assert sum(row["per_prompt"]["decode_tokens"]) == row["decode_tokens"]
+        assert sum(row["per_prompt"]["steps"]) == row["steps"]
     # Each entmtp row against AR, both reference rows and its own type's best static only.
     for kind, other in (("medusa", "hydra"), ("hydra", "medusa")):
         assert set(rows[f"entmtp[{kind}]"]["speedup"]) == {
@@ -156,11 +163,20 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
         assert oracle <= bundle.predicted.oracle_tokens_per_second * (1 + 1e-12)
         assert p["tokens_per_second_ratio"] == (row["tokens_per_second"]
                                                 / p["replayed"]["tokens_per_second"])
-        assert p["fraction_of_oracle"] == (p["replayed"]["tokens_per_second"]
-                                           / p["oracle"]["tokens_per_second"])
-        assert 0 < p["fraction_of_oracle"] <= 1
+        fraction = p["replayed"]["tokens_per_second"] / p["oracle"]["tokens_per_second"]
+        assert p["oracle"]["entmtp_fraction_of_oracle"] == fraction
+        assert 0 < fraction <= 1
+        # One tree (no switching survived): the bound is that tree, so no fraction is claimed.
+        distinct = len(bundle.trees) + (bundle.best_static.tree not in bundle.trees)
+        assert p["fraction_of_oracle"] == (fraction if distinct > 1 else None)
         assert p["best_static"]["accept_length_ratio"] == 1.0
         assert p["speedup_vs_best_static"] == row["speedup"][f"best-static[{kind}]"]
+        assert p["speedup_vs_best_static_ci95"] == row["speedup_ci95"][f"best-static[{kind}]"]
+        assert p["replayed_speedup_vs_best_static"] == (
+            p["replayed"]["tokens_per_second"]
+            / p["best_static"]["replayed"]["tokens_per_second"])
+        assert p["autoregressive_measured_over_modelled"] == pytest.approx(
+            rows[AR]["tokens_per_second"] * bundle.latency.autoregressive_ms / 1000.0)
         assert p[f"speedup_vs_{HYDRA_REF}"] == row["speedup"][HYDRA_REF]
         assert p[f"speedup_vs_{MEDUSA_REF}"] == row["speedup"][MEDUSA_REF]
         assert list(p["targets"]) == [t.key for t in TARGETS]
@@ -168,12 +184,14 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
             check = p["targets"][target.key]
             assert check["value"] == p[target.key]
             assert check["pass"] is target.passes(p[target.key])
-            assert check["pass"] is not None
+            assert check["pass"] is not None or (target.key == "fraction_of_oracle"
+                                                 and distinct == 1)
         assert p["targets"]["accept_length_ratio"]["pass"] is True
         assert p["targets"]["lossless"]["pass"] is True
         line = next(li for li in result.output.splitlines() if li.startswith(f"entmtp[{kind}]:"))
         verdicts = [w for w in line.replace(",", " ").split() if w in ("PASS", "MISS", "n/a")]
-        assert verdicts == ["PASS" if p["targets"][t.key]["pass"] else "MISS" for t in TARGETS]
+        assert verdicts == [{True: "PASS", False: "MISS", None: "n/a"}[p["targets"][t.key]["pass"]]
+                            for t in TARGETS]
     assert report["oracle"] is None  # two bundles: predictions[type]["oracle"]
 
     assert report["threads"] == {"torch_threads": BUNDLE_THREADS,
@@ -221,6 +239,28 @@ def test_one_bundle_keeps_the_plain_row_names(two, spy, tmp_path):
     line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
     assert "tok/s meas/replay - n/a" in line and "accept meas/replay 1.000 PASS" in line
     assert report["threads"]["torch_threads"] == BUNDLE_THREADS == spy.threads[0]
+
+
+def test_a_one_tree_bundle_has_no_oracle_fraction(two, spy, tmp_path):
+    """Over one tree the hindsight bound is that tree: a bundle that ships its best static tree
+    (no switching held up out of sample) gets n/a, not a trivial 100%."""
+    bundle = load_bundle(two.medusa_run / "bundle.json")
+    static = bundle.best_static
+    one_tree = dataclasses.replace(
+        bundle, trees=[static.tree], thresholds=[], tree_stats=bundle.tree_stats[:1],
+        best_static=dataclasses.replace(static, tree_index=0))
+    path = save_bundle(one_tree, tmp_path / "static.json")
+    out = tmp_path / "bench.json"
+    result = invoke(["bench", "--model", two.model, "--heads", two.medusa_heads, "--data",
+                     two.data, "--split", "all", "--bundle", path, "--prompts", 2,
+                     "--max-new-tokens", 6, "--json", out])
+    assert result.exit_code == 0, result.output
+    p = json.loads(out.read_text())["predictions"]["medusa"]
+    assert p["oracle"]["entmtp_fraction_of_oracle"] == pytest.approx(1.0)
+    assert p["fraction_of_oracle"] is None
+    assert p["targets"]["fraction_of_oracle"]["pass"] is None
+    line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
+    assert "of oracle - n/a" in line
 
 
 def test_two_bundles_of_one_head_type_is_a_one_line_error(two, tmp_path):
@@ -317,8 +357,15 @@ def check_results_table(path: Path, report: dict) -> None:
         assert cell["mc_sim_7b_63 tok/s"] == f"{reference['tokens_per_second']:.2f}"
         assert cell["best static tok/s (nodes)"] == (
             f"{static['tokens_per_second']:.2f} ({static['num_nodes']})")
-        assert cell["vs best static"] == (
-            f"{entmtp['tokens_per_second'] / static['tokens_per_second']:.2f}x")
+        low, high = entmtp["speedup_ci95"][f"best-static[{kind}]"]
+        assert cell["vs best static [95% CI]"] == (
+            f"{entmtp['tokens_per_second'] / static['tokens_per_second']:.2f}x "
+            f"[{low:.2f}-{high:.2f}]")
+        prediction = report["predictions"][kind]
+        assert cell["replayed vs best static"] == (
+            f"{prediction['replayed_speedup_vs_best_static']:.3f}")
+        assert cell["AR meas/model"] == (
+            f"{prediction['autoregressive_measured_over_modelled']:.3f}")
         assert cell["vs Hydra+mc_sim"] == f"{entmtp['speedup'][HYDRA_REF]:.2f}x"
         assert cell["lossless"] == "yes"
         targets = report["predictions"][kind]["targets"]

@@ -15,6 +15,8 @@ from entmtp.treesearch._schedule import Schedule
 from entmtp.treesearch._schedule_search import (
     _Objective,
     calibrate_schedule,
+    cross_validate,
+    fold_of_prompts,
     open_storage,
     thresholds_from_levels,
 )
@@ -225,7 +227,9 @@ def test_a_journal_that_is_a_folder_is_an_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"n_trials": -1}, "n_trials"), ({"max_buckets": 0}, "max_buckets")],
+    [({"n_trials": -1}, "n_trials"), ({"max_buckets": 0}, "max_buckets"),
+     ({"validation_folds": 1}, "validation_folds"),
+     ({"validation_folds": -2}, "validation_folds")],
 )
 def test_bad_options_are_rejected(kwargs, field):
     profile = small_profile(0)
@@ -276,3 +280,79 @@ def test_an_uninformative_draft_entropy_never_loses_to_best_static():
     searched = calibrate_schedule(profile, candidates, LatencyModel.cpu_like(), n_trials=30,
                                   seed=1)
     assert searched.gain_over_static >= 1.0
+
+
+# -- out-of-sample check ----------------------------------------------------------------------
+
+
+def test_folds_are_balanced_seeded_and_cover_every_prompt():
+    prompts = [5, 2, 9, 11, 3, 8, 2, 7]  # a repeat counts once
+    for folds in (2, 3, 7):
+        fold = fold_of_prompts(prompts, folds, seed=4)
+        assert set(fold) == set(prompts)
+        sizes = np.bincount(list(fold.values()), minlength=folds)
+        assert sizes.max() - sizes.min() <= 1
+        assert fold == fold_of_prompts(list(reversed(prompts)), folds, seed=4)
+    assert fold_of_prompts(prompts, 3, seed=4) != fold_of_prompts(prompts, 3, seed=5)
+
+
+def test_cross_validation_is_the_plain_fold_loop():
+    profile = synthetic_profile(num_traces=7, positions=96, seed=2)
+    candidates = candidates_for(profile, (1, 3, 7, 15))
+    latency = LatencyModel.cpu_like()
+    got = cross_validate(profile, candidates, latency, folds=3, n_trials=6, seed=1,
+                         max_buckets=3)
+    fold = fold_of_prompts([t.prompt_index for t in profile.traces], 3, seed=1)
+    schedule_ms = static_ms = 0.0
+    for k in range(3):
+        train = Profile(profile.meta, [t for t in profile.traces if fold[t.prompt_index] != k])
+        test = Profile(profile.meta, [t for t in profile.traces if fold[t.prompt_index] == k])
+        searched = calibrate_schedule(train, candidates, latency, n_trials=6, seed=1,
+                                      max_buckets=3)
+        _, static_on_train = best_static(train, candidates, latency)
+        assert searched.best_static.time_ms == static_on_train.time_ms
+        schedule_ms += replay(test, searched.schedule, latency).time_ms
+        static_ms += replay(test, candidates[searched.best_static_index], latency).time_ms
+    assert got.folds == 3
+    assert got.schedule_ms == pytest.approx(schedule_ms, rel=1e-12)
+    assert got.static_ms == pytest.approx(static_ms, rel=1e-12)
+    assert got.gain == pytest.approx(static_ms / schedule_ms, rel=1e-12)
+    assert got.passed == (schedule_ms < static_ms)
+    assert cross_validate(profile, candidates, latency, folds=8, n_trials=2, seed=1,
+                          max_buckets=2) is None  # 7 prompts cannot make 8 folds
+
+
+def test_a_schedule_that_generalizes_is_kept():
+    profile = synthetic_profile(num_traces=12, positions=256, seed=0)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    plain = calibrate_schedule(profile, candidates, latency, n_trials=25, seed=0)
+    checked = calibrate_schedule(profile, candidates, latency, n_trials=25, seed=0,
+                                 validation_folds=3)
+    assert checked.validation is not None and checked.validation.passed
+    assert checked.validation.gain > 1.0
+    assert checked.schedule == plain.schedule and checked.result.time_ms == plain.result.time_ms
+    assert plain.validation is None
+
+
+NOISE_SEED = 2  # a draw where the noise-fitted schedule loses out of sample (most others win
+#                a little even so: a draft-entropy schedule's fused empty steps change costs)
+
+
+def test_a_schedule_fitted_to_noise_ships_the_static_tree():
+    """With no base signal and a head-1 entropy that is pure noise, the search finds thresholds
+    that win on the calibration traces by chance; on held-out folds they lose, so the static
+    tree ships."""
+    profile = with_draft_entropy(
+        with_constant_entropy(synthetic_profile(num_traces=9, positions=160, seed=4)),
+        informative=False, seed=NOISE_SEED)
+    candidates = candidates_for(profile)
+    latency = LatencyModel.cpu_like()
+    plain = calibrate_schedule(profile, candidates, latency, n_trials=40, seed=1)
+    assert plain.schedule.num_buckets >= 2 and plain.gain_over_static > 1.0  # won by noise
+    checked = calibrate_schedule(profile, candidates, latency, n_trials=40, seed=1,
+                                 validation_folds=3)
+    assert checked.validation is not None and not checked.validation.passed
+    assert checked.schedule == Schedule.static(candidates[checked.best_static_index])
+    assert checked.result.time_ms == checked.best_static.time_ms
+    assert checked.study.best_trial is None
