@@ -244,17 +244,10 @@ def _is_baseline_of(baseline: MethodRuns, run: MethodRuns) -> bool:
     return role == BEST_STATIC and mine in (None, baseline.method.info.get("heads"))
 
 
-def per_prompt(run: MethodRuns) -> dict[str, list]:
-    """Decode tokens, decoding-step ms and steps of each prompt, in prompt order."""
-    return {"decode_tokens": [max(len(r.tokens) - 1, 0) for r in run.results],
-            "decode_ms": [r.decode_ms for r in run.results],
-            "steps": [r.steps for r in run.results]}
-
-
 def speedup_interval(run: MethodRuns, baseline: MethodRuns) -> list[float] | None:
     """95% paired bootstrap interval (over prompts) of ``run``'s speedup over ``baseline``;
     None when a prompt has no decoding time (nothing to compare)."""
-    mine, theirs = per_prompt(run), per_prompt(baseline)
+    mine, theirs = run.per_prompt(), baseline.per_prompt()
     times = mine["decode_ms"] + theirs["decode_ms"]
     if not times or min(times) <= 0:
         return None
@@ -283,7 +276,7 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
             "speedup": {b.name: ratio(run.tokens_per_second, b.tokens_per_second)
                         for b in baselines},
             "speedup_ci95": {b.name: speedup_interval(run, b) for b in baselines},
-            "per_prompt": per_prompt(run),
+            "per_prompt": run.per_prompt(),
         })
     return rows
 

@@ -138,7 +138,7 @@ class MethodRuns:
     @property
     def decode_tokens(self) -> int:
         """Tokens the decoding steps produced: each output less the prefill's first token."""
-        return sum(max(len(r.tokens) - 1, 0) for r in self.results)
+        return sum(r.decode_tokens for r in self.results)
 
     @property
     def steps(self) -> int:
@@ -167,6 +167,12 @@ class MethodRuns:
     def mean_accept_length(self) -> float:
         """Decode tokens per step, as the replay counts them."""
         return self.decode_tokens / self.steps if self.steps else 0.0
+
+    def per_prompt(self) -> dict[str, list]:
+        """Decode tokens, decoding-step ms and steps of each prompt, in prompt order."""
+        return {"decode_tokens": [r.decode_tokens for r in self.results],
+                "decode_ms": [r.decode_ms for r in self.results],
+                "steps": [r.steps for r in self.results]}
 
     def tree_usage(self) -> dict[int, int]:
         """Steps per tree index."""

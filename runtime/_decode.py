@@ -104,10 +104,14 @@ class DecodeResult:
         return 1000.0 * len(self.tokens) / total_ms if total_ms > 0 else 0.0
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens the steps produced: all but the prefill's first."""
+        return max(len(self.tokens) - 1, 0)
+
+    @property
     def decode_tokens_per_second(self) -> float:
         """Tokens the steps produced (all but the prefill's first) over the steps' time."""
-        produced = max(len(self.tokens) - 1, 0)
-        return 1000.0 * produced / self.decode_ms if self.decode_ms > 0 else 0.0
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
 
 
 class _Clock:

@@ -224,7 +224,7 @@ def make_bundle(
     )
 
 
-def validation_line(result) -> str:
+def validation_line(result: ScheduleSearchResult) -> str:
     """What the out-of-sample check of the schedule search found (see calibrate_schedule)."""
     check = result.validation
     if check is None:

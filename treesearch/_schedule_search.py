@@ -77,7 +77,6 @@ class Validation:
     folds: int
     schedule_ms: float  # summed over the held-out folds
     static_ms: float
-    tokens: int  # decode tokens of all folds (the same for both)
 
     @property
     def gain(self) -> float:
@@ -377,7 +376,6 @@ def cross_validate(
         return None
     fold = fold_of_prompts(usable, folds, seed)
     schedule_ms = static_ms = 0.0
-    tokens = 0
     for k in range(folds):
         train = profile.subset(p for p, f in fold.items() if f != k)
         test = profile.subset(p for p, f in fold.items() if f == k)
@@ -387,5 +385,4 @@ def cross_validate(
         static = replay(test, candidates[searched.best_static_index], latency)
         schedule_ms += held_out.time_ms
         static_ms += static.time_ms
-        tokens += held_out.tokens
-    return Validation(folds, schedule_ms, static_ms, tokens)
+    return Validation(folds, schedule_ms, static_ms)
