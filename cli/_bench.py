@@ -55,6 +55,7 @@ from ._live import (
     reference_for_heads,
     run_side_by_side,
     speculative_method,
+    step_times_by_tree,
     task_for,
     tree_info,
     write_json,
@@ -360,7 +361,8 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
     by_name = {run.name: run for run in runs}
     row = next(r for r in rows if r["name"] == arm.row_name(ENTMTP))
     live = by_name[row["name"]]
-    schedule = replay(profile, bundle_schedule(bundle), latency)
+    schedule_spec = bundle_schedule(bundle)
+    schedule = replay(profile, schedule_spec, latency)
     steps = compare_steps(live.results, schedule, prompt_ids)
     trees = list(bundle.trees)
     if bundle.best_static is not None and bundle.best_static.tree not in trees:
@@ -384,6 +386,9 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
         "lossless": row["lossless"],
         "oracle": _oracle(arm, profile, trees, schedule, live),
     }
+    if timed:
+        out["step_time_by_tree"] = [t.to_json() for t in step_times_by_tree(
+            live.results, schedule, prompt_ids, schedule_spec.trees)]
     # Over one tree the hindsight bound is that tree: a one-tree bundle (the search found no
     # switching that held up out of sample) has no schedule for the bound to measure.
     out["fraction_of_oracle"] = (out["oracle"].get("entmtp_fraction_of_oracle")
@@ -401,6 +406,9 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
             "tokens_per_second_ratio": (ratio(measured.tokens_per_second,
                                               static.tokens_per_second) if timed else None),
         }
+        if timed:
+            out["best_static"]["step_time_by_tree"] = [t.to_json() for t in step_times_by_tree(
+                measured.results, static, prompt_ids, [bundle.best_static.tree])]
     for kind in HEAD_TYPES:
         out[f"speedup_vs_{kind}-{REFERENCE_TREE}"] = row["speedup"].get(
             f"{kind}-{REFERENCE_TREE}")
@@ -518,6 +526,26 @@ def _prediction_table(predictions: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def _step_time_table(predictions: dict[str, dict[str, Any]]) -> Table | None:
+    """Measured vs modelled step ms per tree of each bundle's schedule and best static tree."""
+    table = Table(title="step time by tree (steps where live and replay ran the same tree at "
+                        "the same position; ms: measured / modelled)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False, padding=0)
+    for name in ("row", "tree", "nodes", "depth", "steps", "measured", "modelled", "ratio"):
+        table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
+    entries = []
+    for p in predictions.values():
+        entries += [(p["row"], t) for t in p.get("step_time_by_tree", [])]
+        static = p.get("best_static", {})
+        entries += [(static["row"], t) for t in static.get("step_time_by_tree", [])]
+    for row, t in entries:
+        table.add_row(escape(row), str(t["tree"]), str(t["num_nodes"]), str(t["depth"]),
+                      str(t["steps"]), _num(t["measured_ms"], ".1f"),
+                      _num(t["modelled_ms"], ".1f"), _num(t["measured_over_modelled"], ".3f"))
+    return table if entries else None
+
+
 def target_line(prediction: dict[str, Any]) -> str:
     """One line per bundle: each target's value and PASS / MISS (n/a: not measurable)."""
     parts = []
@@ -623,6 +651,9 @@ def bench(
     console.print(_table(rows, oracles, title))
     if predictions:
         console.print(_prediction_table(predictions))
+        step_table = _step_time_table(predictions)
+        if step_table is not None:
+            console.print(step_table)
         for prediction in predictions.values():
             console.print(escape(target_line(prediction)), soft_wrap=True)
     console.print(f"torch threads: {used_threads} ({thread_source})" if on_cpu else

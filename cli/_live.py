@@ -393,6 +393,58 @@ def compare_steps(
     return StepComparison(compared, equal, estimate_difference, mismatches)
 
 
+@dataclass(frozen=True)
+class TreeStepTime:
+    """A tree's live step time against the latency model's, over the steps where the live
+    decoder and the replay ran that tree at the same position."""
+
+    tree: int  # index into the replay's trees
+    num_nodes: int
+    depth: int
+    steps: int
+    measured_ms: float  # mean live step time (draft + verify + bookkeeping)
+    modelled_ms: float  # mean of the replay's booked step times (prepare / fusion included)
+
+    @property
+    def measured_over_modelled(self) -> float:
+        return ratio(self.measured_ms, self.modelled_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tree": self.tree, "num_nodes": self.num_nodes, "depth": self.depth,
+                "steps": self.steps, "measured_ms": self.measured_ms,
+                "modelled_ms": self.modelled_ms,
+                "measured_over_modelled": self.measured_over_modelled}
+
+
+def step_times_by_tree(
+    live: Sequence[Any], replayed: ReplayResult, prompt_ids: Sequence[str], trees: Sequence[Any],
+) -> list[TreeStepTime]:
+    """Per tree, the mean measured and modelled step time over the steps both ran with it.
+
+    Where a tree's ratio stands apart from the others, the latency model misprices that tree
+    (the search then prefers or avoids it wrongly); a ratio shared by all trees is the machine
+    running faster or slower than when the model was measured. ``live`` as in
+    ``compare_steps``; ``trees[k]`` is the replay's tree ``k``.
+    """
+    measured: dict[int, list[float]] = {}
+    modelled: dict[int, list[float]] = {}
+    for j, (result, _) in enumerate(zip(live, prompt_ids, strict=True)):
+        mine = replayed.step_trace == j
+        booked = {p: (k, ms) for p, k, ms in zip(
+            replayed.step_position[mine].tolist(), replayed.step_tree[mine].tolist(),
+            replayed.step_ms[mine].tolist(), strict=True)}
+        for step in result.step_log:
+            match = booked.get(step.position)
+            if match is None or match[0] != step.tree_index:
+                continue
+            measured.setdefault(match[0], []).append(step.step_ms)
+            modelled.setdefault(match[0], []).append(match[1])
+    return [TreeStepTime(k, trees[k].num_nodes, trees[k].depth, len(measured[k]),
+                         math.fsum(measured[k]) / len(measured[k]),
+                         math.fsum(modelled[k]) / len(modelled[k]))
+            for k in sorted(measured)]
+
+
 def _field(step: tuple | None, index: int, kind: type) -> Any:
     return None if step is None else kind(step[index])
 

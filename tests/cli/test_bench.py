@@ -170,6 +170,16 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
         distinct = len(bundle.trees) + (bundle.best_static.tree not in bundle.trees)
         assert p["fraction_of_oracle"] == (fraction if distinct > 1 else None)
         assert p["best_static"]["accept_length_ratio"] == 1.0
+        # Every live step was booked with the same tree: the per-tree times cover them all.
+        for record, measured_row in ((p, row),
+                                     (p["best_static"], rows[f"best-static[{kind}]"])):
+            by_tree = record["step_time_by_tree"]
+            assert sum(t["steps"] for t in by_tree) == measured_row["steps"]
+            booked = sum(t["modelled_ms"] * t["steps"] for t in by_tree)
+            assert booked == pytest.approx(1000.0 * record["replayed"]["decode_tokens"]
+                                           / record["replayed"]["tokens_per_second"])
+            for t in by_tree:
+                assert t["measured_over_modelled"] == t["measured_ms"] / t["modelled_ms"]
         assert p["speedup_vs_best_static"] == row["speedup"][f"best-static[{kind}]"]
         assert p["speedup_vs_best_static_ci95"] == row["speedup_ci95"][f"best-static[{kind}]"]
         assert p["replayed_speedup_vs_best_static"] == (

@@ -319,6 +319,43 @@ def test_step_comparison_finds_every_disagreement():
     assert only.live_tree == 1 - only.replayed_tree
 
 
+def test_step_times_by_tree_average_the_matched_steps_only():
+    from entmtp.cli._live import step_times_by_tree
+    from entmtp.runtime._decode import StepLog
+    from entmtp.treesearch import EntropyEstimator, Tree, synthetic_profile
+
+    profile = synthetic_profile(num_traces=2, positions=30, num_heads=3, seed=2)
+    trees = (Tree.from_paths([[0], [1], [0, 0]]), Tree.from_paths([]))
+    replayed = replay(profile, Schedule(trees, (1.0,), EntropyEstimator.ema(0.5)),
+                      LatencyModel.cpu_like())
+    ids = [t.prompt_id for t in profile.traces]
+    # Live steps as replayed, each taking 1.5x its booked time; the first step of trace 0 ran
+    # the other tree, so it is left out.
+    live, expected = [], {}
+    for j in range(len(profile.traces)):
+        mine = replayed.step_trace == j
+        log = []
+        for i, (p, k, ms) in enumerate(zip(replayed.step_position[mine].tolist(),
+                                           replayed.step_tree[mine].tolist(),
+                                           replayed.step_ms[mine].tolist(), strict=True)):
+            if j == 0 and i == 0:
+                k = 1 - k
+            else:
+                expected.setdefault(k, []).append(ms)
+            log.append(StepLog(p, 0.0, k, trees[k].num_nodes, trees[k].depth, 1,
+                               0.5 * ms, ms, 0.0))
+        live.append(SimpleNamespace(step_log=log))
+    times = step_times_by_tree(live, replayed, ids, trees)
+    assert [t.tree for t in times] == sorted(expected)
+    for t in times:
+        booked = expected[t.tree]
+        assert t.steps == len(booked)
+        assert (t.num_nodes, t.depth) == (trees[t.tree].num_nodes, trees[t.tree].depth)
+        assert t.modelled_ms == pytest.approx(sum(booked) / len(booked))
+        assert t.measured_over_modelled == pytest.approx(1.5)
+    assert sum(t.steps for t in times) == replayed.steps - 1
+
+
 @pytest.mark.integration
 def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
     """The default SmolLM2 model (no --model) with fresh 4-head Medusa heads and a two-tree
