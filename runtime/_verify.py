@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
+from entmtp.calibrate._cache_keyword import cache_keyword
 from entmtp.treesearch._errors import EntmtpError
 
 from ._tree_attention import TreePlan
@@ -86,12 +87,13 @@ def backbone_forward(
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``forward_tokens`` without the lm_head: the final-norm hidden states [q, hidden_size]."""
-    out = model.get_decoder()(
+    decoder = model.get_decoder()
+    out = decoder(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        cache=cache,
         use_cache=True,
+        **{cache_keyword(decoder): cache},
     )
     return out.last_hidden_state[0]
 

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from entmtp.runtime._decode import SpeculativeDecoder
-from entmtp.runtime._kv_cache import check_cache, compact_cache, new_cache, truncate_cache
+from entmtp.runtime._kv_cache import (
+    cache_length,
+    check_cache,
+    compact_cache,
+    new_cache,
+    truncate_cache,
+)
 from entmtp.runtime._verify import forward_tokens, greedy_accept
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
@@ -80,3 +86,29 @@ def test_sliding_window_cache_is_rejected(rt):
     cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
     with pytest.raises(EntmtpError, match="sliding-window"):
         check_cache(cache)
+
+
+def test_forward_tokens_passes_the_cache_under_a_pre_5_24_keyword(rt):
+    """transformers before 5.24 call it ``past_key_values``; a ``cache=`` keyword would be
+    swallowed by ``**kwargs`` and the forward would silently run without the past."""
+    model = rt.make_tiny_llama(seed=3)
+    decoder = model.get_decoder()
+    new_forward = type(decoder).forward
+
+    class OldSignatureDecoder(type(decoder)):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                    past_key_values=None, use_cache=None, **kwargs):
+            assert "cache" not in kwargs
+            return new_forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, cache=past_key_values,
+                               use_cache=use_cache)
+
+    sequence = torch.randint(0, 128, (7,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        _, reference = forward_tokens(model, new_cache(model), sequence.unsqueeze(0))
+        decoder.__class__ = OldSignatureDecoder
+        cache = new_cache(model)
+        forward_tokens(model, cache, sequence[:5].unsqueeze(0))
+        _, logits = forward_tokens(model, cache, sequence[5:].unsqueeze(0))
+    assert cache_length(cache) == 7
+    torch.testing.assert_close(logits, reference[5:], rtol=1e-4, atol=1e-5)
