@@ -158,7 +158,10 @@ def hardware_label(hw: Mapping[str, Any], fallback: str) -> str:
 
 
 def default_label(model: LatencyModel, fallback: str) -> str:
-    return hardware_label(model.hardware, fallback)
+    """The hardware label, plus the heads timed (Medusa and Hydra steps differ)."""
+    label = hardware_label(model.hardware, fallback)
+    head_type = model.hardware.get("head_type")
+    return f"{label}, {head_type} heads" if head_type else label
 
 
 # -- the plot ---------------------------------------------------------------------------------
@@ -384,7 +387,10 @@ def plot_latency(
     models = {}
     for path in files:
         model = LatencyModel.load(path)
-        models[default_label(model, path.stem)] = model
+        label = default_label(model, path.stem)
+        if label in models:  # two files of one description still get a curve each
+            label = f"{label} ({path.name})"
+        models[label] = model
     if synthetic_gpu:
         gpu = LatencyModel.gpu_like()
         models[default_label(gpu, "")] = gpu
@@ -426,17 +432,21 @@ def run_settings(front: Mapping[str, Any], run: RunDir) -> SearchSettings:
 
 def retarget_run(
     source: Path, latency_file: Path, *, out: Path | None = None, console: Console | None = None,
-    validation_folds: int | None = None,
+    validation_folds: int | None = None, max_nodes: int | None = None,
 ) -> RunDir:
     """A copy of ``source``'s profile searched again under ``latency_file``: a new run folder
     with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
-    ``validation_folds``: None keeps the source run's setting."""
+    ``validation_folds`` and ``max_nodes``: None keeps the source run's setting."""
     console = console or Console()
     run = source_run(source)
     front = load_front(run)
     settings = run_settings(front, run)
     if validation_folds is not None:
         settings = replace(settings, validation_folds=validation_folds)
+    if max_nodes is not None:
+        if max_nodes < 1:
+            raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
+        settings = replace(settings, max_nodes=max_nodes)
     target_latency = LatencyModel.load(latency_file)
     slug = hardware_slug(target_latency.hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
@@ -468,6 +478,9 @@ def retarget(
     validation_folds: int | None = typer.Option(
         None, "--validation-folds", help="K-fold out-of-sample check of the schedule (0: off; "
         "default: the source run's setting)."),
+    max_nodes: int | None = typer.Option(
+        None, "--max-nodes", help="Largest tree the search considers (default: the source run's "
+        "setting; a GPU's flat latency curve pays for larger trees, e.g. 128)."),
 ) -> None:
     """Re-search a calibration run for other hardware, reusing its profile (no model needed).
 
@@ -475,7 +488,7 @@ def retarget(
     """
     console = Console()
     target = retarget_run(source, latency_file, out=out, console=console,
-                          validation_folds=validation_folds)
+                          validation_folds=validation_folds, max_nodes=max_nodes)
     source_bundle = source_run(source).bundle
     before = load_bundle(source_bundle) if source_bundle.is_file() else None
     after = load_bundle(target.bundle)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
-from entmtp.cli import _latency_cmd  # noqa: F401 - importing registers the commands on `app`
+from entmtp.cli import _latency_cmd  # importing registers the commands on `app`
 from entmtp.cli._latency_cmd import cpu_name, hardware_slug
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay
@@ -222,6 +223,45 @@ def test_retarget_into_the_source_run_is_refused(cpu_run, gpu_json):
     result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(gpu_json), "--out",
                                  str(cpu_run)])
     assert "source run" in _one_line_error(result)
+
+
+def test_retarget_max_nodes_bounds_the_new_search(cpu_run, gpu_json, tmp_path):
+    source_settings = json.loads((cpu_run / "front.json").read_text())["settings"]
+    small = source_settings["max_nodes"] // 4
+    out = tmp_path / "small"
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(gpu_json), "--out",
+                                 str(out), "--max-nodes", str(small)])
+    assert result.exit_code == 0, result.output
+    front = json.loads((out / "front.json").read_text())
+    assert front["settings"] == {**source_settings, "max_nodes": small}
+    bundle = load_bundle(out / "bundle.json")
+    # The flat synthetic GPU curve pays for the largest tree allowed: the bound is what binds.
+    assert max(tree.num_nodes for tree in bundle.trees) == small
+
+
+def test_retarget_max_nodes_below_one_is_a_one_line_error(cpu_run, gpu_json, tmp_path):
+    result = runner.invoke(app, ["retarget", str(cpu_run), "--latency", str(gpu_json), "--out",
+                                 str(tmp_path / "out"), "--max-nodes", "0"])
+    assert "--max-nodes" in _one_line_error(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_plot_latency_draws_one_curve_per_file_even_with_equal_labels(tmp_path, monkeypatch):
+
+    drawn = {}
+    monkeypatch.setattr(_latency_cmd, "plot_latency_curves",
+                        lambda models, path: drawn.update(models))
+    medusa, hydra, copy = (tmp_path / name for name in ("m.json", "h.json", "copy.json"))
+    cpu = LatencyModel.cpu_like()
+    for path, head_type in ((medusa, "medusa"), (hydra, "hydra"), (copy, "hydra")):
+        replace(cpu, hardware={**cpu.hardware, "kind": "measured", "device_name": "CPU X",
+                               "head_type": head_type}).save(path)
+    result = runner.invoke(app, ["plot-latency", str(medusa), str(hydra), str(copy), "--out",
+                                 str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    assert len(drawn) == 3
+    assert any("medusa heads" in label for label in drawn)
+    assert any("copy.json" in label for label in drawn), list(drawn)
 
 
 def test_plot_latency_labels_synthetic_curves(tmp_path):

@@ -1,5 +1,6 @@
-"""The shipped CPU bundles: one per task and head type, each consistent with the shipped heads
-and latency model it was calibrated with (trees/bundles/README.md)."""
+"""The shipped bundles: one per task, head type and target (the 2-thread CPU and the H200), each
+consistent with the shipped heads and latency model it was searched with
+(trees/bundles/README.md)."""
 
 from __future__ import annotations
 
@@ -13,35 +14,43 @@ from entmtp.treesearch import LatencyModel, load_bundle
 
 TASKS = ("code", "chat", "math", "lit")
 HEAD_TYPES = ("medusa", "hydra")
+# bundle suffix -> (latency file of a head type, what its hardware record must say)
+TARGETS = {
+    "cpu2": ("cpu2-{head_type}-smollm2-135m.json", {"device": "cpu", "torch_threads": 2}),
+    "h200": ("gpu-nvidia-h200-smollm2-135m-{head_type}.json",
+             {"device": "cuda", "device_name": "NVIDIA H200", "dtype": "bfloat16"}),
+}
 
 
 def shipped(*parts: str) -> Path:
     return Path(str(resources.files("entmtp.trees").joinpath(*parts)))
 
 
+@pytest.mark.parametrize("target", sorted(TARGETS))
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("task", TASKS)
-def test_shipped_bundle_matches_its_heads_and_latency_model(task, head_type):
-    bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-cpu2.json"))
+def test_shipped_bundle_matches_its_heads_and_latency_model(task, head_type, target):
+    bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-{target}.json"))
     heads_config = json.loads(
         shipped("heads", f"smollm2-135m-{head_type}", "config.json").read_text())
-    latency = LatencyModel.load(shipped("latency", f"cpu2-{head_type}-smollm2-135m.json"))
+    latency_name, hardware = TARGETS[target]
+    latency_name = latency_name.format(head_type=head_type)
+    latency = LatencyModel.load(shipped("latency", latency_name))
 
     assert bundle.task == task
     assert bundle.heads.type == head_type
     assert bundle.heads.sha256 == heads_config["sha256"]
     assert bundle.heads.num_heads == heads_config["num_heads"]
     assert bundle.latency == latency  # searched with the shipped latency model, unchanged since
-    assert bundle.hardware["torch_threads"] == 2
-    assert f"--latency trees/latency/cpu2-{head_type}-smollm2-135m.json" in (
-        bundle.created_by.command)
+    assert {key: bundle.hardware.get(key) for key in hardware} == hardware
+    assert f"--latency trees/latency/{latency_name}" in bundle.created_by.command
     # The schedule and its prediction are what the reports beside the bundles show.
     assert len(bundle.thresholds) == len(bundle.trees) - 1
     assert all(tree.depth <= bundle.heads.num_heads for tree in bundle.trees)
     assert bundle.best_static is not None
     assert bundle.predicted.tokens_per_second >= bundle.best_static.tokens_per_second
     assert bundle.predicted.oracle_tokens_per_second >= bundle.predicted.tokens_per_second
-    report = shipped("bundles", f"{task}-{head_type}-cpu2.report.md").read_text()
+    report = shipped("bundles", f"{task}-{head_type}-{target}.report.md").read_text()
     assert f"# entmtp calibration report: task `{task}`" in report
     assert f"`{bundle.entropy.signal}`" in report
 
@@ -49,6 +58,9 @@ def test_shipped_bundle_matches_its_heads_and_latency_model(task, head_type):
 def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     readme = shipped("bundles", "README.md").read_text()
     names = sorted(p.name for p in shipped("bundles").iterdir() if p.suffix == ".json")
-    assert names == sorted(f"{t}-{h}-cpu2.json" for t in TASKS for h in HEAD_TYPES)
+    assert names == sorted(f"{t}-{h}-{target}.json" for t in TASKS for h in HEAD_TYPES
+                           for target in TARGETS)
     for name in names:
-        assert f"`{name}`" in readme
+        if name.endswith("-cpu2.json"):  # the table lists these; the rest by their pattern
+            assert f"`{name}`" in readme
+    assert "`TASK-TYPE-h200.json`" in readme
