@@ -615,6 +615,10 @@ def bench(
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for the "
                                        "measurement (default: the count the bundles' latency "
                                        "models were measured with, else torch's default)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
+                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
+                              "heads)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
 ) -> None:
@@ -631,7 +635,7 @@ def bench(
     task_name = task_for(task, data, bundle_task(bundles, task, data) or "chat")
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
-    base = load_base(model)
+    base = load_base(model, device=device, dtype=dtype)
     head_sets = load_head_sets(base, heads or [], head_type, model)
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
             for path, bundle in bundles]

@@ -73,6 +73,10 @@ def decode(
                                      "folder; default: the shipped heads of the bundle's type."),
     head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
                                          "shipped heads (default: the bundle's head type)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
+                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
+                              "heads)."),
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
@@ -84,7 +88,7 @@ def decode(
     if not prompt.strip():
         raise EntmtpError("--prompt is empty: give the text to continue")
     _, bundle = read_bundle(source)
-    base = load_base(model)
+    base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
     check_bundle_fits(bundle, base, draft_heads)
     ids = base.encode_prompt(prompt)

@@ -25,15 +25,11 @@ from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bu
 from entmtp.treesearch._atomic import atomic_write
 
 from ._errors import user_errors
+from ._model_setup import check_device, resolve_dtype_name
 from ._runs import RunDir, load_front, search_stage
 from .app import app
 
 # --dtype spellings -> the torch dtype's name
-DTYPES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32",
-}
 SYNTHETIC_LABEL = "synthetic, not measured"
 
 
@@ -51,31 +47,6 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[
     if not values or min(values) < minimum:
         raise EntmtpError(f"{option} {text!r}: give comma-separated integers >= {minimum}")
     return tuple(sorted(set(values)))
-
-
-def resolve_dtype_name(dtype: str) -> str:
-    name = DTYPES.get(dtype.lower())
-    if name is None:
-        raise EntmtpError(f"--dtype {dtype!r}: use bf16, fp16 or fp32")
-    return name
-
-
-def check_device(device: str) -> str:
-    """``cpu`` or ``cuda[:N]`` that this machine has."""
-    import torch
-
-    if device == "cpu":
-        return device
-    if re.fullmatch(r"cuda(:\d+)?", device) is None:
-        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
-    if not torch.cuda.is_available():
-        raise EntmtpError(f"--device {device}: this machine has no CUDA GPU that torch "
-                          f"{torch.__version__} can use; measure with --device cpu or on the GPU "
-                          "machine")
-    index = int(device.split(":")[1]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise EntmtpError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
-    return device
 
 
 # -- hardware description --------------------------------------------------------------------
@@ -246,16 +217,9 @@ def load_for_latency(
         else:
             draft = new_heads(built.model, head_type=head_type, num_heads=num_heads, seed=seed)
         return built.model, draft, built.name
-    import torch
-
-    from entmtp.calibrate._model import resolve_dtype
-
     from ._model_setup import load_model_and_heads
 
-    base, draft = load_model_and_heads(model, heads, head_type)
-    torch_dtype = resolve_dtype(dtype)
-    base.model.to(device=device, dtype=torch_dtype)
-    draft.to(device=torch.device(device), dtype=torch_dtype)
+    base, draft = load_model_and_heads(model, heads, head_type, device=device, dtype=dtype)
     return base.model, draft, base.name
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -10,6 +11,37 @@ from entmtp.treesearch import EntmtpError
 HEAD_TYPES = ("medusa", "hydra")
 # Heads trained for the default model, shipped as package data (see trees/heads/README.md).
 SHIPPED_HEADS = {"medusa": "smollm2-135m-medusa", "hydra": "smollm2-135m-hydra"}
+DTYPES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32",
+}
+
+
+def resolve_dtype_name(dtype: str) -> str:
+    """``--dtype`` as torch's name (``bf16`` -> ``bfloat16``)."""
+    name = DTYPES.get(dtype.lower())
+    if name is None:
+        raise EntmtpError(f"--dtype {dtype!r}: use bf16, fp16 or fp32")
+    return name
+
+
+def check_device(device: str) -> str:
+    """``cpu`` or ``cuda[:N]`` that this machine has."""
+    import torch
+
+    if device == "cpu":
+        return device
+    if re.fullmatch(r"cuda(:\d+)?", device) is None:
+        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
+    if not torch.cuda.is_available():
+        raise EntmtpError(f"--device {device}: this machine has no CUDA GPU that torch "
+                          f"{torch.__version__} can use; use --device cpu or run on the GPU "
+                          "machine")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise EntmtpError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def shipped_heads_path(head_type: str) -> Path:
@@ -45,12 +77,15 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_base(model: str | None):
-    """The base model of ``--model`` (the default SmolLM2 GGUF when None)."""
+def load_base(model: str | None, *, device: str = "cpu", dtype: str = "fp32"):
+    """The base model of ``--model`` (the default SmolLM2 GGUF when None) on ``--device`` in
+    ``--dtype`` (both checked before the slow load)."""
     from entmtp.calibrate._model import load_base_model
 
+    dtype_name = resolve_dtype_name(dtype)
+    device = check_device(device)
     quiet_transformers()
-    return load_base_model(model)
+    return load_base_model(model, dtype=dtype_name, device=device)
 
 
 def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
@@ -60,11 +95,13 @@ def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
     return load_heads(resolve_heads(heads, head_type, model), base.model)
 
 
-def load_model_and_heads(model: str | None, heads: str | None, head_type: str):
-    """(BaseModel, DraftHeads) for the options; the default model with its shipped heads.
+def load_model_and_heads(model: str | None, heads: str | None, head_type: str, *,
+                         device: str = "cpu", dtype: str = "fp32"):
+    """(BaseModel, DraftHeads) for the options; the default model with its shipped heads, both
+    on ``device`` in ``dtype``.
 
     A checkpoint declares its own head type; ``head_type`` only picks the shipped default.
     """
     resolve_heads(heads, head_type, model)  # option errors before the slow model load
-    base = load_base(model)
+    base = load_base(model, device=device, dtype=dtype)
     return base, load_heads_for(base, heads, head_type, model)

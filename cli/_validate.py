@@ -118,6 +118,10 @@ def validate(
     seed: int = typer.Option(0, "--seed", help="Seed of the calibration / held-out split."),
     check_replay: bool = typer.Option(True, "--replay/--no-replay", help="Also profile the "
                                       "prompts and compare live steps with the exact replay."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
+                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
+                              "heads)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
@@ -131,7 +135,7 @@ def validate(
     task_name = task_for(task, data, bundle.task)
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
-    base = load_base(model)
+    base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
     check_bundle_fits(bundle, base, draft_heads)
     encoded = encode_prompts(base, task_prompts, max_new_tokens)

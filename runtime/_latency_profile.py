@@ -123,8 +123,9 @@ def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "dtype": str(weight.dtype).replace("torch.", ""),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "linear_kernel": "few-row" if uses_few_row_kernel(model.get_output_embeddings())
-        else "torch",
+        # the few-row kernel hands any non-CPU weight to F.linear (calibrate/_row_gemm.py)
+        "linear_kernel": "few-row" if device.type == "cpu"
+        and uses_few_row_kernel(model.get_output_embeddings()) else "torch",
     }
 
 

@@ -248,6 +248,9 @@ def test_bad_input_is_a_one_line_error(varied, tmp_path):
         (["validate", varied.run, *heads, "--data", varied.data, "--max-new-tokens", 0],
          "--max-new-tokens"),
         (["decode", varied.run, "--prompt", "  ", *heads], "--prompt"),
+        (["decode", varied.run, "--prompt", "hi", *heads, "--dtype", "int8"], "--dtype"),
+        (["bench", *heads, "--data", varied.data, "--device", "tpu"], "--device"),
+        (["validate", varied.run, *heads, "--device", "cuda:x"], "--device"),
         (["heads", "train", "--type", "eagle", "--out", tmp_path / "h"], "--type"),
         (["heads", "train", "--type", "medusa", "--task", "poetry", "--out", tmp_path / "h"],
          "unknown task"),
@@ -255,6 +258,30 @@ def test_bad_input_is_a_one_line_error(varied, tmp_path):
     for args, needle in cases:
         assert_one_line_error(invoke(args), needle)
     assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "bench", "decode"])
+def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    heads = model_args(varied)[:4]
+    args = {"validate": ["validate", varied.run, *heads],
+            "bench": ["bench", *heads, "--data", varied.data],
+            "decode": ["decode", varied.run, "--prompt", "hi", *heads]}[command]
+    assert_one_line_error(invoke([*args, "--device", "cuda", "--dtype", "bf16"]), "--device cuda")
+
+
+def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
+    from entmtp.cli._model_setup import load_model_and_heads
+
+    base, heads = load_model_and_heads(str(varied.model), str(varied.medusa), "medusa",
+                                       dtype="bf16")
+    assert {p.dtype for p in base.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in heads.parameters()} == {torch.bfloat16}
+    result = invoke(["decode", varied.run, "--prompt", "Hello there", "--max-new-tokens", 8,
+                     "--model", varied.model, "--heads", varied.medusa, "--dtype", "bf16"])
+    assert result.exit_code == 0, result.output
+    assert "mean accept length" in result.output
 
 
 @pytest.mark.parametrize("command", [["validate"], ["bench"], ["decode"], ["heads", "train"]])

@@ -16,7 +16,11 @@ TASKS = ("code", "chat", "math", "lit")
 HEAD_TYPES = ("medusa", "hydra")
 # bundle suffix -> (latency file of a head type, what its hardware record must say)
 TARGETS = {
-    "cpu2": ("cpu2-{head_type}-smollm2-135m.json", {"device": "cpu", "torch_threads": 2}),
+    "cpu2": ("cpu2-{head_type}-smollm2-135m.json",
+             {"device": "cpu", "device_name": "AMD EPYC", "torch_threads": 2}),
+    "cpu2-xeon": ("cpu2-xeon-{head_type}-smollm2-135m.json",
+                  {"device": "cpu", "device_name": "Intel(R) Xeon(R) Processor",
+                   "torch_threads": 2}),
     "h200": ("gpu-nvidia-h200-smollm2-135m-{head_type}.json",
              {"device": "cuda", "device_name": "NVIDIA H200", "dtype": "bfloat16"}),
 }
@@ -63,4 +67,4 @@ def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     for name in names:
         if name.endswith("-cpu2.json"):  # the table lists these; the rest by their pattern
             assert f"`{name}`" in readme
-    assert "`TASK-TYPE-h200.json`" in readme
+    assert "`TASK-TYPE-h200.json`" in readme and "`TASK-TYPE-cpu2-xeon.json`" in readme
