@@ -29,7 +29,6 @@ from ._model_setup import check_device, resolve_dtype_name
 from ._runs import RunDir, load_front, search_stage
 from .app import app
 
-# --dtype spellings -> the torch dtype's name
 SYNTHETIC_LABEL = "synthetic, not measured"
 
 

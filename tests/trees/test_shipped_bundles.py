@@ -1,6 +1,6 @@
-"""The shipped bundles: one per task, head type and target (the 2-thread CPU and the H200), each
-consistent with the shipped heads and latency model it was searched with
-(trees/bundles/README.md)."""
+"""The shipped bundles: one per task, head type and target (the 2-thread AMD EPYC and Intel Xeon
+CPUs, and the H200), each consistent with the shipped heads and latency model it was searched
+with (trees/bundles/README.md)."""
 
 from __future__ import annotations
 
