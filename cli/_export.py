@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, export, load_bundle
-from entmtp.treesearch._exports import default_tree
+from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, LatencyModel, Profile, load_bundle
+from entmtp.treesearch._exports import export_bundle
 
 from ._errors import user_errors
 from ._runs import RunDir
@@ -26,12 +26,22 @@ def resolve_bundle_path(source: Path) -> Path:
     return source
 
 
+def _run_profile(source: Path, profile: Path | None) -> Path | None:
+    """``--profile``, else the run folder's profile.npz when there is one."""
+    if profile is not None:
+        return profile
+    if source.is_dir() and RunDir(source).profile.exists():
+        return RunDir(source).profile
+    return None
+
+
 @app.command("export")
 @user_errors
 def export_command(
     source: Path = typer.Argument(..., help="A run folder or a bundle.json."),
     fmt: str = typer.Option(
-        "entmtp", "--format", help=f"One of: {', '.join(EXPORT_FORMATS)}."
+        "entmtp", "--format", help=f"One of: {', '.join(EXPORT_FORMATS)}. vllm is the tree "
+        "of vLLM <= 0.20.2; vllm-chain the best chain (num_speculative_tokens) for later vLLM."
     ),
     out: Path = typer.Option(..., "--out", help="File to write (atomically)."),
     tree_index: int | None = typer.Option(
@@ -42,16 +52,48 @@ def export_command(
         False, "--largest-regular-subtree",
         help="vllm only: export the largest level-regular subtree instead of failing.",
     ),
+    refit_ranks: bool = typer.Option(
+        False, "--refit-ranks",
+        help="medusa/trtllm: re-search a tree whose ranks the runtime cannot hold (Medusa: "
+        ">= 10, TensorRT-LLM: >= 16) on the run's profile, same node count, instead of failing.",
+    ),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="The bundle's profile.npz (vllm-chain, --refit-ranks) when "
+        "SOURCE is a bundle file; a run folder's own is used otherwise."
+    ),
 ) -> None:
     """Write a bundle for the entmtp runtime, or one of its trees for Medusa / TensorRT-LLM / vLLM.
 
     Example: entmtp export runs/code --format trtllm --out medusa_choices.yaml
     """
-    bundle = load_bundle(resolve_bundle_path(source))
-    path = export(bundle, fmt, out, tree_index=tree_index,
-                  largest_regular_subtree=largest_regular_subtree)
-    if fmt == "entmtp":
-        typer.echo(f"wrote {path}")
-    else:
-        which = f"tree {tree_index}" if tree_index is not None else default_tree(bundle)[1]
-        typer.echo(f"wrote {path} ({which})")
+    bundle_path = resolve_bundle_path(source)
+    bundle = load_bundle(bundle_path)
+    profile_path = _run_profile(source, profile)
+    needs_profile = fmt == "vllm-chain" or refit_ranks
+    if needs_profile and profile_path is None:
+        what = "vllm-chain searches the best chain" if fmt == "vllm-chain" else (
+            "--refit-ranks re-searches the tree")
+        raise EntmtpError(
+            f"{what} on the bundle's profile, which {source} does not hold: give the run folder "
+            "(with profile.npz) or --profile PROFILE.npz"
+        )
+    run_profile = Profile.load(profile_path) if needs_profile and profile_path else None
+    latency = None
+    if fmt == "vllm-chain" and bundle.latency is None and source.is_dir():
+        if RunDir(source).latency.exists():
+            latency = LatencyModel.load(RunDir(source).latency)
+    result = export_bundle(
+        bundle, fmt, out, tree_index=tree_index, largest_regular_subtree=largest_regular_subtree,
+        refit=refit_ranks, profile=run_profile, latency=latency, bundle_name=str(bundle_path),
+    )
+    if result.header is None:
+        typer.echo(f"wrote {result.path}")
+        return
+    header = result.header
+    beside = f"; header in {result.sidecar}" if result.sidecar is not None else ""
+    typer.echo(f"wrote {result.path} ({header.tree}, {header.num_nodes} nodes{beside})")
+    for note in header.notes:
+        if not note.startswith("warning: "):
+            typer.echo(f"  {note}")
+    for warning in result.warnings:
+        typer.echo(f"entmtp: warning: {warning}", err=True)
