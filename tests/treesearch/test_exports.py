@@ -115,8 +115,9 @@ def test_vllm_string_parses_back_sorted_breadth_first(tmp_path):
 
 # -- vLLM's level-regular rule ----------------------------------------------------------------
 def vllm_drafted_tree(tree: Tree) -> set[tuple[int, ...]]:
-    """The tree vLLM actually drafts for ``speculative_token_tree = tree`` (EagleProposer):
-    child counts per level by integer division, then every node of a level gets the top-c."""
+    """The tree vLLM 0.20.2 actually drafts for ``speculative_token_tree = tree``
+    (vllm/v1/spec_decode/llm_base_proposer.py, ``__init__`` and ``propose_tree``): child counts
+    per level by integer division, then every node of a level gets the top-c."""
     widths = tree.widths
     if not widths:
         return set()
@@ -237,14 +238,20 @@ def test_mc_sim_7b_63_bundle_exports_to_every_format(tmp_path):
     assert config["num_speculative_tokens"] == largest_regular_subtree(MC_SIM_7B_63).num_nodes
     small = json.loads(export(bundle, "medusa", tmp_path / "s.json", tree_index=0).read_text())
     assert small == paths_of(SMALL)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "mc.py", "s.json", "t.yaml",
-                                                          "v.json"]
+    # JSON targets carry their header in a sidecar; the .py and .yaml ones in comments.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "b.json", "mc.py", "s.json", "s.json.entmtp.json", "t.yaml", "v.json",
+        "v.json.entmtp.json"]
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"fmt": "onnx"}, "entmtp, medusa, trtllm, vllm"),
+        ({"fmt": "onnx"}, "entmtp, medusa, trtllm, vllm, vllm-chain"),
+        ({"fmt": "vllm-chain"}, "--profile PROFILE.npz"),
+        ({"fmt": "vllm-chain", "tree_index": 0}, "drop --tree"),
+        ({"fmt": "vllm", "refit": True}, "medusa and trtllm formats only"),
+        ({"fmt": "entmtp", "refit": True}, "whole bundle"),
         ({"fmt": "medusa", "tree_index": 5}, "out of range"),
         ({"fmt": "medusa", "tree_index": -1}, "out of range"),
         ({"fmt": "entmtp", "tree_index": 0}, "whole bundle"),
@@ -259,12 +266,17 @@ def test_export_errors_are_one_line(tmp_path, kwargs, message):
         export(bundle, fmt, tmp_path / "out", **kwargs)
     assert "\n" not in str(info.value)
     assert list(tmp_path.iterdir()) == []
-    assert set(EXPORT_FORMATS) == {"entmtp", "medusa", "trtllm", "vllm"}
+    assert set(EXPORT_FORMATS) == {"entmtp", "medusa", "trtllm", "vllm", "vllm-chain"}
 
 
 def test_export_onto_a_folder_fails_cleanly(tmp_path):
     (tmp_path / "taken").mkdir()
+    from entmtp.treesearch import LatencyModel, synthetic_profile
+
+    chain_inputs = {"profile": synthetic_profile(num_traces=2, positions=64, seed=1),
+                    "latency": LatencyModel.gpu_like()}
     for fmt in EXPORT_FORMATS:
         with pytest.raises(EntmtpError, match="cannot write"):
-            export(make_bundle([regular_tree([2, 1])]), fmt, tmp_path / "taken")
+            export(make_bundle([regular_tree([2, 1])]), fmt, tmp_path / "taken",
+                   **(chain_inputs if fmt == "vllm-chain" else {}))
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
