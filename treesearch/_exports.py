@@ -31,7 +31,8 @@ Each runtime's rules, from its source (the tests re-derive each rule independent
   ``32 * ceil(max_draft_len / 32) >= n + 1``, i.e. ``n + 1`` when ``n`` is a multiple of 32
   (128 nodes: 129), else ``n``. ``trtllm-bench --medusa_choices FILE`` reads the YAML list with
   ``yaml.SafeLoader`` (``tensorrt_llm/bench/benchmark/low_latency.py``), so ``#`` comments are
-  free. The older Python runtime (``tensorrt_llm/runtime/medusa_utils.py`` @ 249d93d5,
+  free (a ``.json`` target gets the plain list, which YAML reads too, and a sidecar). The
+  older Python runtime (``tensorrt_llm/runtime/medusa_utils.py`` @ 249d93d5,
   ``get_medusa_tree``) drafts ranks ``0..max`` at depth 1 whatever the tree lists, so gaps
   there cost extra tokens (``[[0]..[7], [9]]``: 10 tokens for 9 nodes); the export says so.
 - ``vllm`` (vllm-project/vllm 0.20.2: ``vllm/config/speculative.py``,
@@ -383,6 +384,11 @@ def trtllm_yaml_text(tree: Tree, header: ExportHeader | None = None) -> str:
 def write_trtllm_choices(
     tree: Tree, path: str | os.PathLike, header: ExportHeader | None = None
 ) -> Path:
+    """A commented YAML list; a ``.json`` target gets the plain JSON list (YAML reads it too)
+    with the header in a sidecar."""
+    if Path(path).suffix.lower() == ".json" and header is not None:
+        _write_with_sidecar(path, json.dumps(to_trtllm_choices(tree)) + "\n", header)
+        return Path(path)
     return _write(path, trtllm_yaml_text(tree, header))
 
 
@@ -662,7 +668,8 @@ def export_bundle(
         header = ExportHeader(name, which, tree.num_nodes, fmt, trtllm_notes(tree))
         gap = trtllm_python_runtime_gap(tree)
         path = write_trtllm_choices(tree, out_path, header)
-        return ExportResult(path, header, None, () if gap is None else (gap,))
+        sidecar = sidecar_path(out_path) if Path(out_path).suffix.lower() == ".json" else None
+        return ExportResult(path, header, sidecar, () if gap is None else (gap,))
     tree_to_write = _vllm_ready(tree, largest_regular_subtree=largest_regular_subtree)
     if tree_to_write != tree:
         which += ", cut to its largest level-regular subtree"

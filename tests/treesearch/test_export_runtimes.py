@@ -318,6 +318,7 @@ def test_refit_ranks_re_searches_under_the_runtime_limit(tmp_path):
 # -- headers -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt, suffix, sidecar", [
     ("medusa", ".py", False), ("medusa", ".json", True), ("trtllm", ".yaml", False),
+    ("trtllm", ".json", True),
     ("vllm", ".yaml", False), ("vllm", ".json", True), ("vllm-chain", ".yaml", False),
     ("vllm-chain", ".json", True),
 ])
@@ -337,6 +338,8 @@ def test_every_export_names_bundle_tree_nodes_and_runtime_versions(tmp_path, fmt
         header = json.loads(result.sidecar.read_text())["entmtp_export"]
         text = json.dumps(header)
         config = json.loads(out.read_text())
+        if fmt == "trtllm":  # trtllm-bench's reader takes the JSON list as YAML
+            assert yaml.load(out.read_text(), Loader=yaml.SafeLoader) == tree.to_json()
         if fmt.startswith("vllm"):  # vLLM's SpeculativeConfig forbids unknown keys
             assert set(config) <= {"method", "num_speculative_tokens", "speculative_token_tree"}
     else:

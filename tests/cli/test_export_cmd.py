@@ -1,0 +1,76 @@
+"""`entmtp export --format vllm-chain` and `--refit-ranks` find the run's profile and latency."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from entmtp.cli.app import app
+from entmtp.treesearch import LatencyModel, Profile, load_bundle, save_bundle
+from entmtp.treesearch._chain import best_chain
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    result = runner.invoke(app, ["demo", "--out", str(out), "--schedule-trials", "8"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def chain_length(path) -> int:
+    return yaml.safe_load(path.read_text())["speculative-config"]["num_speculative_tokens"]
+
+
+def test_vllm_chain_reads_the_run_folders_profile(demo_run, tmp_path):
+    out = tmp_path / "chain.yaml"
+    result = runner.invoke(app, ["export", str(demo_run), "--format", "vllm-chain",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    bundle = load_bundle(demo_run / "bundle.json")
+    latency = bundle.latency or LatencyModel.load(demo_run / "latency.json")
+    choice = best_chain(Profile.load(demo_run / "profile.npz"), latency)
+    assert chain_length(out) == choice.length
+    assert f"predicted accept length {choice.mean_accept_length:.3f}" in result.output
+    # A bundle file with --profile gives the same chain.
+    again = tmp_path / "again.yaml"
+    result = runner.invoke(app, ["export", str(demo_run / "bundle.json"), "--format",
+                                 "vllm-chain", "--profile", str(demo_run / "profile.npz"),
+                                 "--out", str(again)])
+    assert result.exit_code == 0, result.output
+    assert chain_length(again) == choice.length
+
+
+def test_vllm_chain_falls_back_to_the_runs_latency_file(demo_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    bundle = load_bundle(run / "bundle.json")
+    save_bundle(dataclasses.replace(bundle, latency=None), run / "bundle.json")
+    out = tmp_path / "chain.yaml"
+    result = runner.invoke(app, ["export", str(run), "--format", "vllm-chain", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    choice = best_chain(Profile.load(run / "profile.npz"), LatencyModel.load(run / "latency.json"))
+    assert chain_length(out) == choice.length
+    (run / "latency.json").unlink()
+    result = runner.invoke(app, ["export", str(run), "--format", "vllm-chain",
+                                 "--out", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 2 and "latency" in result.output
+    assert not (tmp_path / "none.yaml").exists()
+
+
+def test_a_profile_of_other_heads_is_refused(demo_run, tmp_path):
+    from entmtp.treesearch import synthetic_profile
+
+    other = synthetic_profile(num_traces=2, positions=64, num_heads=3, seed=0)
+    other.save(tmp_path / "other.npz")
+    result = runner.invoke(app, ["export", str(demo_run / "bundle.json"), "--format",
+                                 "vllm-chain", "--profile", str(tmp_path / "other.npz"),
+                                 "--out", str(tmp_path / "c.json")])
+    assert result.exit_code == 2 and "3 heads" in result.output
+    assert not (tmp_path / "c.json").exists()
