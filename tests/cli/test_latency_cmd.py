@@ -274,3 +274,63 @@ def test_plot_latency_labels_synthetic_curves(tmp_path):
     from entmtp.cli._latency_cmd import default_label
 
     assert "synthetic" in default_label(LatencyModel.gpu_like(), "x")
+
+
+# -- the checks: warnings on stderr, --strict refuses -------------------------------------------
+def _cheap_fused(monkeypatch):
+    """Every step 10 ms (+1 per node) except fused empty steps at 3 ms: a model that keeps
+    failing its fused-vs-plain check."""
+    from entmtp.runtime import _latency_profile
+
+    def time(timer, key):
+        step, index, _ = key
+        if step == "tree":
+            return 10.0 + timer.trees[index].num_nodes + 0.01 * len(timer.keys)
+        return {"autoregressive": 9.9, "prepare": 1.0, "fused_empty": 3.0}[step]
+
+    monkeypatch.setattr(_latency_profile._StepTimer, "time", time)
+
+
+def _latency_args(out, tiny_model_dir) -> list[str]:
+    return [*_quick_latency_args(out), "--model", str(tiny_model_dir), "--random-weights",
+            "--head-type", "medusa", "--num-heads", "2", "--remeasure", "1"]
+
+
+def test_latency_writes_a_failing_model_with_its_warning(profiler, tiny_model_dir, tmp_path,
+                                                        monkeypatch):
+    _cheap_fused(monkeypatch)
+    out = tmp_path / "latency.json"
+    result = runner.invoke(app, _latency_args(out, tiny_model_dir))
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(out.read_text())["warnings"]
+    assert any("fused empty step" in w for w in warnings)
+    assert "entmtp: warning: latency measurement: fused empty step" in result.stderr
+    assert "entmtp latency" in result.stderr  # says what to do
+    assert LatencyModel.load(out).hardware["remeasure_passes"] == 1
+
+
+def test_latency_strict_refuses_a_failing_model(profiler, tiny_model_dir, tmp_path, monkeypatch):
+    _cheap_fused(monkeypatch)
+    out = tmp_path / "latency.json"
+    result = runner.invoke(app, [*_latency_args(out, tiny_model_dir), "--strict"])
+    line = _one_line_error(result)
+    assert "--strict" in line and "fused empty step" in line
+    assert not out.exists()
+
+
+def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
+    from rich.console import Console
+
+    from entmtp.cli._calibrate import latency_stage
+    from entmtp.cli._runs import RunDir
+    from entmtp.treesearch import EntmtpError
+
+    bad = replace(LatencyModel.cpu_like(), fused_empty_ms=10.0, hardware={"kind": "measured"})
+    source = bad.save(tmp_path / "bad.json")
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    with pytest.raises(EntmtpError, match="--strict"):
+        latency_stage(run, latency_file=source, loader=None, console=Console(), strict=True)
+    assert not run.latency.exists()
+    latency_stage(run, latency_file=source, loader=None, console=Console(), strict=False)
+    assert LatencyModel.load(run.latency).warnings == bad.warnings != []

@@ -255,3 +255,61 @@ def test_a_busy_machine_is_reported_too_noisy(rt, monkeypatch):
     latency, _ = _scripted_profile(rt, monkeypatch, lambda timer, key, call: rng.uniform(5, 200))
     assert any(w.startswith("too noisy") for w in latency.warnings)
     assert latency.hardware["remeasure_passes"] == 2
+
+
+def _reference_problems(model: LatencyModel) -> list[str]:
+    """The documented checks, written plainly from the stored points (the test's own reference
+    implementation): what a model must not claim without a warning."""
+    def error(points):
+        if not points:
+            return 0.0
+        return math.sqrt(sum((p.iqr_ms / 1.349 / math.sqrt(p.rounds)) ** 2
+                             for p in points)) / len(points)
+
+    trees = {n: [p for p in model.points if p.step == "tree" and p.nodes == n]
+             for n in model.nodes}
+    problems = []
+    empty = model.verify_ms[0]
+    ar_points = [p for p in model.points if p.step == "autoregressive"]
+    tolerance = 3 * math.hypot(error(ar_points), error(trees[0]))
+    if empty < model.autoregressive_ms - tolerance:
+        problems.append("empty below AR")
+    if empty > 1.15 * model.autoregressive_ms + tolerance:
+        problems.append("empty far above AR")
+    for depth, fused in enumerate(model.fused_empty_ms_by_depth, start=1):
+        mine = [p for p in model.points if p.step == "fused_empty" and p.depth == depth]
+        if fused < empty - 3 * math.hypot(error(mine), error(trees[0])):
+            problems.append(f"fused {depth} below plain")
+    for j, n in enumerate(model.nodes):
+        for i, m in enumerate(model.nodes[:j]):
+            if model.verify_ms[j] < model.verify_ms[i] - 3 * math.hypot(error(trees[n]),
+                                                                          error(trees[m])):
+                problems.append(f"{m} -> {n} falls")
+    spreads = sorted(p.iqr_ms / p.ms for p in model.points)
+    if float(np.median(spreads)) > 0.25:
+        problems.append("too noisy")
+    return problems
+
+
+def test_profiling_beside_a_cpu_hog_passes_the_checks_or_says_it_does_not(rt, tmp_path):
+    """A process spinning on the CPU while the profiler runs: the written model either passes
+    the checks (plain reference above) or carries warnings; never silent nonsense."""
+    import subprocess
+    import sys
+
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0, shared_lm_head=True)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        latency = profile_latency(model, heads, node_counts=(0, 1, 3, 6), depths=(1, 2),
+                                  context_lengths=(8, 24), repeats=6, warmup=1, topk=3)
+    finally:
+        hog.kill()
+        hog.wait()
+    written = LatencyModel.load(latency.save(tmp_path / "latency.json"))
+    stored = json.loads((tmp_path / "latency.json").read_text())["warnings"]
+    assert stored == written.warnings == latency.warnings
+    assert written.points and all(p.rounds == 6 for p in written.points)
+    problems = _reference_problems(written)
+    if problems:
+        assert stored, f"the model has {problems} but carries no warning"
