@@ -454,6 +454,7 @@ def retarget_run(
             raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
         settings = replace(settings, max_nodes=max_nodes)
     target_latency = LatencyModel.load(latency_file)
+    check_latency_model(target_latency, strict=False, source=str(latency_file))
     slug = hardware_slug(target_latency.hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
     if target.root.resolve() == run.root.resolve():
