@@ -135,7 +135,7 @@ def default_label(model: LatencyModel, fallback: str) -> str:
 
 
 # -- the checks -------------------------------------------------------------------------------
-REMEASURE_HINT = ("re-measure on a quiet machine: entmtp latency --random-weights --device ... "
+REMEASURE_HINT = ("to re-measure on a quiet machine: entmtp latency --random-weights --device ... "
                   "--out FILE, then entmtp retarget RUN_DIR --latency FILE")
 
 

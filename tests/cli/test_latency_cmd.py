@@ -334,3 +334,59 @@ def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
     assert not run.latency.exists()
     latency_stage(run, latency_file=source, loader=None, console=Console(), strict=False)
     assert LatencyModel.load(run.latency).warnings == bad.warnings != []
+
+
+# -- make demo on a busy machine ----------------------------------------------------------------
+@pytest.fixture
+def busy_machine(profiler, monkeypatch):
+    """Every timed latency step takes a random 5-200 ms (a CPU hog's doing), and the run's
+    latency stage measures a few small trees at short contexts (the tiny model's limits)."""
+    import functools
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(profiler._StepTimer, "time", lambda timer, key: rng.uniform(5, 200))
+    monkeypatch.setattr(profiler, "profile_latency", functools.partial(
+        profiler.profile_latency, node_counts=(0, 1, 3), context_lengths=(16, 32), repeats=4,
+        warmup=0, topk=3))
+
+
+def _calibrate_args(tiny_model_dir, tmp_path, out) -> list[str]:
+    from support import make_tiny_heads_dir
+
+    heads = make_tiny_heads_dir(tiny_model_dir, tmp_path / "heads")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in
+                            enumerate(["def f(x):", "Once upon", "import os", "x = [1, 2]"])))
+    return ["calibrate", "--model", str(tiny_model_dir), "--heads", str(heads), "--data",
+            str(data), "--split", "all", "--prompts", "4", "--max-new-tokens", "12",
+            "--schedule-trials", "6", "--validation-folds", "0", "--out", str(out)]
+
+
+def test_calibrate_on_a_busy_machine_says_the_measurement_was_too_noisy(
+        busy_machine, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, _calibrate_args(tiny_model_dir, tmp_path, out))
+    assert result.exit_code == 0, result.output
+    assert "entmtp: warning: latency measurement: too noisy" in result.stderr
+    latency = LatencyModel.load(out / "latency.json")
+    assert latency.warnings[0].startswith("too noisy")
+    assert latency.hardware["remeasure_passes"] == 2
+    report = (out / "report.md").read_text()
+    assert "fails its checks" in report and "too noisy" in report
+    bundle = load_bundle(out / "bundle.json")
+    assert bundle.latency.warnings == latency.warnings  # the bundle carries them too
+    # no switching schedule rides on that noise
+    assert len(bundle.trees) == 1
+
+
+def test_calibrate_strict_refuses_a_too_noisy_measurement(busy_machine, tiny_model_dir,
+                                                          tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*_calibrate_args(tiny_model_dir, tmp_path, out), "--strict"])
+    assert result.exit_code == 2, result.output
+    (line,) = [li for li in result.stderr.splitlines() if li.strip()]
+    assert line.startswith("entmtp: error:") and "--strict" in line
+    assert "too noisy" in line and "entmtp latency" in line
+    assert not (out / "latency.json").exists() and not (out / "bundle.json").exists()
