@@ -38,7 +38,8 @@ machine: a fused empty step is not cheaper than the plain empty-tree step; the e
 is not cheaper than an autoregressive step and costs at most ``DECODER_OVERHEAD`` (15%) more
 (the speculative decoder's bookkeeping; the eager H200 step showed 10%), each beyond noise; the
 step time does not fall below that of any smaller tree beyond noise; a point's rounds spread by
-at most ``MAX_RELATIVE_SPREAD`` (a quarter) of its time, median over the points. A model with
+at most ``MAX_RELATIVE_SPREAD`` (a quarter) of its time, median over the points; every point has
+at least ``MIN_SPREAD_ROUNDS`` (4) rounds, or its spread means nothing. A model with
 no measured spread (``points`` empty: files measured before the profiler kept it) is checked
 with zero noise and says so.
 
@@ -68,6 +69,7 @@ NOISE_SIGMAS = 3.0  # "beyond noise": more than this many standard errors of a d
 IQR_PER_SIGMA = 1.349  # interquartile ranges per standard deviation of a normal spread
 DECODER_OVERHEAD = 0.15  # the empty-tree step's bookkeeping allowed over a plain step
 MAX_RELATIVE_SPREAD = 0.25  # median over the points of iqr_ms / ms before "too noisy"
+MIN_SPREAD_ROUNDS = 4  # fewer rounds than this give no interquartile range worth the name
 STEP_KINDS = ("tree", "autoregressive", "prepare", "fused_empty")
 
 
@@ -400,6 +402,12 @@ def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
         yield LatencyFinding(
             "no spread measured: this file predates the profiler's noise figures, so its checks "
             "count any difference; re-measure with `entmtp latency` on a quiet machine")
+    fewest = min((p.rounds for p in model.points), default=MIN_SPREAD_ROUNDS)
+    if fewest < MIN_SPREAD_ROUNDS:
+        yield LatencyFinding(
+            f"only {fewest} round(s) per point: too few to measure a spread, so the checks "
+            f"treat a near-zero noise as real; measure with --repeats {MIN_SPREAD_ROUNDS} or "
+            "more")
     spread = model.relative_spread()
     if spread is not None and spread > MAX_RELATIVE_SPREAD:
         yield LatencyFinding(

@@ -293,7 +293,7 @@ def _cheap_fused(monkeypatch):
 
 def _latency_args(out, tiny_model_dir) -> list[str]:
     return [*_quick_latency_args(out), "--model", str(tiny_model_dir), "--random-weights",
-            "--head-type", "medusa", "--num-heads", "2", "--remeasure", "1"]
+            "--head-type", "medusa", "--num-heads", "2", "--remeasure", "1", "--repeats", "4"]
 
 
 def test_latency_writes_a_failing_model_with_its_warning(profiler, tiny_model_dir, tmp_path,

@@ -283,3 +283,11 @@ def test_points_and_warnings_round_trip_through_json():
     bad = dict(obj, noise={"points": [{"step": "nap", "context": 1}]})
     with pytest.raises(EntmtpError, match="latency"):
         LatencyModel.from_json(bad)
+
+
+def test_too_few_rounds_measure_no_spread():
+    model = _noisy_model()
+    one_round = dataclasses.replace(model, points=tuple(
+        dataclasses.replace(p, rounds=1, iqr_ms=0.0) for p in model.points))
+    (finding,) = one_round.findings()
+    assert finding.message.startswith("only 1 round(s) per point") and not finding.nodes
