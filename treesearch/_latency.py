@@ -169,13 +169,15 @@ class LatencyModel:
         object.__setattr__(self, "verify_ms", verify)
 
     def step_ms(self, num_nodes: int | np.ndarray, depth: int | np.ndarray) -> float | np.ndarray:
-        """Modelled ms of one draft+verify step; extrapolates linearly past the last count."""
+        """Modelled ms of one draft+verify step; extrapolates linearly past the last count,
+        never downwards (a last segment that falls, noise or a kernel's dip, would otherwise
+        price large trees below zero)."""
         n = np.asarray(num_nodes, dtype=np.float64)
         x = np.asarray(self.nodes, dtype=np.float64)
         y = np.asarray(self.verify_ms, dtype=np.float64)
         out = np.interp(n, x, y)
         if len(x) >= 2:
-            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
             out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
         out = out + self.depth_ms * np.asarray(depth, dtype=np.float64)
         return float(out) if np.ndim(out) == 0 else out

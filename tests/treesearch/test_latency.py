@@ -22,11 +22,14 @@ from entmtp.treesearch._tree import Tree
 
 
 def reference_step_ms(knots, values, depth_ms, n, d) -> float:
-    """Piecewise linear through (knots, values), extended linearly past the last, plus depth."""
+    """Piecewise linear through (knots, values), extended linearly past the last (flat if the
+    last segment falls), plus depth."""
     for i in range(1, len(knots)):
         x0, y0, x1, y1 = knots[i - 1], values[i - 1], knots[i], values[i]
-        if n <= x1 or x1 == knots[-1]:
+        if n <= x1:
             return y0 + (y1 - y0) * (n - x0) / (x1 - x0) + depth_ms * d
+        if x1 == knots[-1]:
+            return y1 + max(y1 - y0, 0.0) * (n - x1) / (x1 - x0) + depth_ms * d
     return values[0] + depth_ms * d
 
 
@@ -291,3 +294,11 @@ def test_too_few_rounds_measure_no_spread():
         dataclasses.replace(p, rounds=1, iqr_ms=0.0) for p in model.points))
     (finding,) = one_round.findings()
     assert finding.message.startswith("only 1 round(s) per point") and not finding.nodes
+
+
+def test_a_falling_last_segment_is_not_extrapolated_below_its_last_knot():
+    model = LatencyModel((0, 8, 16), (50.0, 200.0, 150.0), autoregressive_ms=49.0)
+    assert model.step_ms(16, 0) == 150.0
+    assert model.step_ms(1000, 0) == 150.0  # flat, not 150 - 6.25 * 984 < 0
+    rising = LatencyModel((0, 8, 16), (50.0, 100.0, 150.0), autoregressive_ms=49.0)
+    assert rising.step_ms(24, 0) == pytest.approx(200.0)
