@@ -243,6 +243,14 @@ def noise_line(result: ScheduleSearchResult) -> str:
             "bundle ships the best static tree.")
 
 
+def _point_label(point) -> str:
+    if point.step == "tree":
+        return f"the step at {point.nodes} nodes, depth {point.depth}"
+    if point.step == "autoregressive":
+        return "the autoregressive step"
+    return f"{point.step.replace('_', ' ')}, draft depth {point.depth}"
+
+
 def latency_lines(latency: LatencyModel) -> list[str]:
     """``report.md``'s account of the latency model's noise and failed checks."""
     lines = ["## Latency model noise", ""]
@@ -252,21 +260,36 @@ def latency_lines(latency: LatencyModel) -> list[str]:
                      "it).")
     else:
         rounds = sorted({p.rounds for p in latency.points})
+        shown_rounds = (str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}")
         worst = max(latency.points, key=lambda p: p.iqr_ms / p.ms if p.ms > 0 else 0.0)
-        lines += [f"Each point is the trimmed mean of {rounds[0]}-{rounds[-1]} interleaved "
-                  f"rounds; a step's rounds spread by {spread:.1%} of its time (median "
-                  "interquartile range over the points; widest: "
-                  f"{worst.iqr_ms / worst.ms:.1%}, {worst.step} at {worst.nodes} nodes, context "
+        lines += [f"Each point is the trimmed mean of {shown_rounds} interleaved rounds; a step's "
+                  f"rounds spread by {spread:.1%} of its time (median interquartile range over "
+                  f"the {len(latency.points)} points in latency.json; widest: "
+                  f"{worst.iqr_ms / worst.ms:.1%}, {_point_label(worst)}, context "
                   f"{worst.context}); relative standard error of a step cost "
                   f"{latency.relative_noise():.2%}; gain the noise could produce "
                   f"{latency.noise_gain_bound():.3f}x; re-measure passes "
                   f"{latency.hardware.get('remeasure_passes', 0)}.", "",
-                  "| step | nodes | depth | context | ms | median ms | IQR ms | rounds |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for p in sorted(latency.points, key=lambda p: (p.step != "tree", p.step, p.nodes,
-                                                        p.depth, p.context)):
-            lines.append(f"| {p.step} | {p.nodes} | {p.depth} | {p.context} | {p.ms:.2f} | "
-                         f"{p.median_ms:.2f} | {p.iqr_ms:.2f} | {p.rounds} |")
+                  "| figure | ms | points | median IQR ms | standard error ms |",
+                  "|---|---:|---:|---:|---:|"]
+        figures = [(f"step, {n} nodes", "tree", n, -1, v)
+                   for n, v in zip(latency.nodes, latency.verify_ms, strict=True)]
+        figures.append(("autoregressive step", "autoregressive", 0, -1,
+                        latency.autoregressive_ms))
+        for step in ("prepare", "fused_empty"):
+            for depth in sorted({p.depth for p in latency.points if p.step == step}):
+                cost = (latency.prepare_cost(depth) if step == "prepare"
+                        else latency.fused_empty_cost(depth))
+                figures.append((f"{step.replace('_', ' ')}, draft depth {depth}", step, 0,
+                                depth, cost))
+        for label, step, nodes, depth, ms in figures:
+            mine = [p for p in latency.points if p.step == step
+                    and (p.nodes == nodes if step == "tree" else depth in (-1, p.depth))]
+            if not mine or ms is None:
+                continue
+            iqr = float(np.median([p.iqr_ms for p in mine]))
+            error = latency.figure_error_ms(step, nodes=nodes, depth=depth)
+            lines.append(f"| {label} | {ms:.2f} | {len(mine)} | {iqr:.2f} | {error:.2f} |")
     warnings = latency.warnings
     lines.append("")
     if warnings:

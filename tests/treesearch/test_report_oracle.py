@@ -60,7 +60,8 @@ def test_no_report_claims_more_than_its_oracle(seed):
     assert float(rows["entmtp schedule"]) <= float(rows["oracle schedule (hindsight bound)"])
     assert "## Latency model noise" in text and "fails its checks" in text
     if latency.points:  # the spread, point by point
-        assert "| step | nodes | depth | context | ms | median ms | IQR ms | rounds |" in text
+        assert "| figure | ms | points | median IQR ms | standard error ms |" in text
+        assert "| step, 0 nodes |" in text
         assert "Latency noise check:" in text
     else:
         assert "Spread: not measured" in text
