@@ -55,6 +55,7 @@ from ._live import (
     reference_for_heads,
     run_side_by_side,
     speculative_method,
+    step_spread,
     step_times_by_tree,
     task_for,
     tree_info,
@@ -109,6 +110,25 @@ TARGETS: tuple[Target, ...] = (
     Target("tokens_per_second_ratio", "tok/s meas/replay", within=0.10),
     Target("lossless", "lossless"),
 )
+
+
+# Measured autoregressive speed further than this from the latency model's: the machine drifted
+# (the same tolerance as the tok/s meas/replay target, which such a drift misses by itself).
+DRIFT_LIMIT = next(t.within for t in TARGETS if t.key == "tokens_per_second_ratio")
+
+
+def drift_warning(measured_over_modelled: float | None) -> str | None:
+    """What to do when measured autoregressive decoding runs far from the latency model's."""
+    if measured_over_modelled is None or not math.isfinite(measured_over_modelled):
+        return None
+    if abs(measured_over_modelled - 1.0) <= DRIFT_LIMIT:
+        return None
+    way = "slower" if measured_over_modelled < 1.0 else "faster"
+    return (f"autoregressive decoding ran at {measured_over_modelled:.2f}x the latency model's "
+            f"speed (more than {DRIFT_LIMIT:.0%} {way} than when it was measured): every "
+            "replayed tokens/s is off by about as much, and the trees may no longer be the best "
+            "here; re-measure with `entmtp latency --random-weights --device ... --out FILE` on "
+            "this machine while it is quiet, then `entmtp retarget RUN_DIR --latency FILE`")
 
 
 # -- bundles, their rows and threads ----------------------------------------------------------
@@ -273,6 +293,7 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
             "tokens": run.tokens,
             "decode_tokens": run.decode_tokens,
             "steps": run.steps,
+            "step_ms": step_spread(run.results),
             "lossless": not run.identical_to(reference),
             "speedup": {b.name: ratio(run.tokens_per_second, b.tokens_per_second)
                         for b in baselines},
@@ -425,6 +446,10 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
         # moves every row's measured/replayed tokens/s alike.
         out["autoregressive_measured_over_modelled"] = ratio(
             autoregressive["tokens_per_second"], 1000.0 / latency.autoregressive_ms)
+    drift = drift_warning(out.get("autoregressive_measured_over_modelled"))
+    out["warnings"] = ([drift] if drift else []) + [
+        f"the bundle's latency model fails a check: {w}" for w in
+        (bundle.latency.warnings if bundle.latency is not None else [])]
     out["speedup_vs_autoregressive"] = row["speedup"].get(AUTOREGRESSIVE)
     out["targets"] = {t.key: {"value": out[t.key], "goal": t.goal(), "pass": t.passes(out[t.key])}
                       for t in TARGETS}
@@ -477,23 +502,27 @@ def _table(rows: Sequence[dict[str, Any]], oracles: Sequence[dict[str, Any]],
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False, padding=0)
     table.add_column("row", no_wrap=True)
-    columns = ["tok/s", "accept", "lossless", *(f"vs {_short(b)}" for b in fixed)]
+    columns = ["tok/s", "accept", "step ms [IQR]", "lossless",
+               *(f"vs {_short(b)}" for b in fixed)]
     if statics:
         columns.append("vs static")
     for name in columns:
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         against = [*fixed, *([_static_for(row, statics)] if statics else [])]
+        spread = row["step_ms"]
         cells = [escape(row["name"]), f"{row['tokens_per_second']:.1f}",
-                 f"{row['mean_accept_length']:.2f}", "yes" if row["lossless"] else "NO"]
+                 f"{row['mean_accept_length']:.2f}",
+                 f"{_num(spread['median_ms'], '.1f')} [{_num(spread['iqr_ms'], '.1f')}]",
+                 "yes" if row["lossless"] else "NO"]
         cells += [f"{row['speedup'][b]:.2f}x" if b in row["speedup"] else "-" for b in against]
         table.add_row(*cells)
     for oracle in oracles:
         if "estimated_measured_tokens_per_second" in oracle:
             table.add_row(escape(f"{oracle['name']} est."),
                           f"{oracle['estimated_measured_tokens_per_second']:.1f}",
-                          f"{oracle['mean_accept_length']:.2f}", "-",
-                          *["-"] * (len(columns) - 3))
+                          f"{oracle['mean_accept_length']:.2f}", "-", "-",
+                          *["-"] * (len(columns) - 4))
     return table
 
 
@@ -532,7 +561,8 @@ def _step_time_table(predictions: dict[str, dict[str, Any]]) -> Table | None:
                         "the same position; ms: measured / modelled)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False, padding=0)
-    for name in ("row", "tree", "nodes", "depth", "steps", "measured", "modelled", "ratio"):
+    for name in ("row", "tree", "nodes", "depth", "steps", "measured", "IQR", "modelled",
+                 "ratio"):
         table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
     entries = []
     for p in predictions.values():
@@ -542,7 +572,8 @@ def _step_time_table(predictions: dict[str, dict[str, Any]]) -> Table | None:
     for row, t in entries:
         table.add_row(escape(row), str(t["tree"]), str(t["num_nodes"]), str(t["depth"]),
                       str(t["steps"]), _num(t["measured_ms"], ".1f"),
-                      _num(t["modelled_ms"], ".1f"), _num(t["measured_over_modelled"], ".3f"))
+                      _num(t["measured_iqr_ms"], ".1f"), _num(t["modelled_ms"], ".1f"),
+                      _num(t["measured_over_modelled"], ".3f"))
     return table if entries else None
 
 
@@ -660,6 +691,9 @@ def bench(
             console.print(step_table)
         for prediction in predictions.values():
             console.print(escape(target_line(prediction)), soft_wrap=True)
+        for prediction in predictions.values():
+            for warning in prediction["warnings"]:
+                typer.echo(f"entmtp: warning: {prediction['row']}: {warning}", err=True)
     console.print(f"torch threads: {used_threads} ({thread_source})" if on_cpu else
                   "device: not the CPU (torch threads unchanged)")
     report = {

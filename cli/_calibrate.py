@@ -117,18 +117,27 @@ def profile_stage(
 
 
 def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[], tuple],
-                  console: Console) -> None:
+                  console: Console, strict: bool = False) -> None:
+    """Measure (or copy, or reuse) the run's latency model; its failed checks are warnings on
+    stderr, or under ``strict`` a refusal before anything is written."""
+    from ._latency_cmd import check_latency_model
+
     if latency_file is not None:
-        LatencyModel.load(latency_file).save(run.latency)  # validates, then copies atomically
+        given = LatencyModel.load(latency_file)  # validates, then copies atomically
+        check_latency_model(given, strict=strict, source=str(latency_file))
+        given.save(run.latency)
         return
     if run.latency.exists():
         console.print(f"[dim]latency: reusing {run.latency}[/dim]")
+        check_latency_model(LatencyModel.load(run.latency), strict=strict,
+                            source=str(run.latency))
         return
     from entmtp.runtime._latency_profile import profile_latency
 
     base, draft_heads = loader()
     with console.status("measuring verification latency of trees on this machine..."):
         latency = profile_latency(base.model, draft_heads)
+    check_latency_model(latency, strict=strict, source="latency measurement")
     latency.save(run.latency)
 
 
@@ -161,6 +170,8 @@ def calibrate(
     shape_trials: int = typer.Option(0, "--shape-trials"),
     max_nodes: int = typer.Option(64, "--max-nodes"),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse a latency model that fails its "
+                                "noise checks (exit 2) instead of searching with warnings."),
 ) -> None:
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 
@@ -188,7 +199,7 @@ def calibrate(
     )
     if profile is None:
         return
-    latency_stage(run, latency_file=latency, loader=loader, console=console)
+    latency_stage(run, latency_file=latency, loader=loader, console=console, strict=strict)
     settings = SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
                               schedule_trials=schedule_trials, seed=seed, storage=storage,
                               validation_folds=validation_folds,

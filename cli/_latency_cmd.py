@@ -134,6 +134,39 @@ def default_label(model: LatencyModel, fallback: str) -> str:
     return f"{label}, {head_type} heads" if head_type else label
 
 
+# -- the checks -------------------------------------------------------------------------------
+REMEASURE_HINT = ("to re-measure on a quiet machine: entmtp latency --random-weights --device ... "
+                  "--out FILE, then entmtp retarget RUN_DIR --latency FILE")
+
+
+def check_latency_model(model: LatencyModel, *, strict: bool, source: str) -> None:
+    """Each failed check of ``model`` (``LatencyModel.warnings``) as a warning on stderr, or,
+    under ``strict``, a one-line refusal (nothing is written)."""
+    warnings = model.warnings
+    if not warnings:
+        return
+    if strict:
+        raise EntmtpError(f"{source} fails {len(warnings)} latency check(s) (--strict): "
+                          f"{warnings[0]}; {REMEASURE_HINT}")
+    for warning in warnings:
+        typer.echo(f"entmtp: warning: {source}: {warning}", err=True)
+    typer.echo(f"entmtp: warning: {source}: the searched trees may follow noise; "
+               f"{REMEASURE_HINT}", err=True)
+
+
+def spread_line(model: LatencyModel) -> str:
+    """The measurement's noise in one line (treesearch._latency's module doc defines it)."""
+    spread = model.relative_spread()
+    if spread is None:
+        return "spread: not measured"
+    rounds = sorted({p.rounds for p in model.points})
+    passes = model.hardware.get("remeasure_passes", 0)
+    return (f"spread: a step's rounds vary by {spread:.1%} of its time (median interquartile "
+            f"range over {len(model.points)} points, {rounds[0]}-{rounds[-1]} rounds); a "
+            f"switching schedule must gain over {model.noise_gain_bound():.3f}x to beat noise; "
+            f"{passes} re-measure pass(es)")
+
+
 # -- the plot ---------------------------------------------------------------------------------
 def plot_latency_curves(
     models: Mapping[str, LatencyModel], path: str | os.PathLike, *, title: str | None = None,
@@ -228,6 +261,7 @@ def measure_latency(
     node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
     context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
     warmup: int | None = None, seed: int = 0, threads: int | None = None,
+    remeasure: int | None = None,
 ) -> LatencyModel:
     """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
 
@@ -247,6 +281,8 @@ def measure_latency(
         raise EntmtpError("--context-lengths: give lengths of 1 token or more")
     if threads is not None and threads < 1:
         raise EntmtpError(f"--threads {threads}: give at least 1")
+    if remeasure is not None and remeasure < 0:
+        raise EntmtpError(f"--remeasure {remeasure}: give 0 or more")
     import torch
 
     from entmtp.runtime._latency_profile import profile_latency
@@ -260,7 +296,8 @@ def measure_latency(
             random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
         )
         options = {"node_counts": node_counts, "depths": depths,
-                   "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup}
+                   "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
+                   "remeasure": remeasure}
         measured = profile_latency(base, draft,
                                    **{k: v for k, v in options.items() if v is not None})
         hardware = describe_hardware(
@@ -297,6 +334,10 @@ def latency(
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: "
                                        "torch's). On a CPU shared with other jobs, 1 thread "
                                        "avoids threads waiting on each other."),
+    remeasure: int | None = typer.Option(None, "--remeasure", help="Times the points of a "
+                                         "failed check are measured again (default 2)."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2, no file) a model that "
+                                "still fails its checks instead of writing it with warnings."),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
@@ -316,8 +357,9 @@ def latency(
             node_counts=parse_int_list(node_counts, "--node-counts"),
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
-            repeats=repeats, warmup=warmup, seed=seed, threads=threads,
+            repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
         )
+    check_latency_model(measured, strict=strict, source="latency measurement")
     measured.save(out)
     hw = measured.hardware
     largest = measured.nodes[-1]
@@ -325,6 +367,7 @@ def latency(
                   f"{measured.step_ms(0, 0):.2f} ms with no tree, "
                   f"{measured.step_ms(largest, 0):.2f} ms at {largest} nodes; "
                   f"autoregressive {measured.autoregressive_ms:.2f} ms")
+    console.print(spread_line(measured))
     if measured.prepare_ms_by_depth:
         console.print("heads prepared for a draft-entropy choice, by draft depth: "
                       + ", ".join(f"{ms:.2f}" for ms in measured.prepare_ms_by_depth) + " ms")
@@ -411,6 +454,7 @@ def retarget_run(
             raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
         settings = replace(settings, max_nodes=max_nodes)
     target_latency = LatencyModel.load(latency_file)
+    check_latency_model(target_latency, strict=False, source=str(latency_file))
     slug = hardware_slug(target_latency.hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
     if target.root.resolve() == run.root.resolve():

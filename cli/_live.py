@@ -393,6 +393,24 @@ def compare_steps(
     return StepComparison(compared, equal, estimate_difference, mismatches)
 
 
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(25th, 50th, 75th) percentiles; nan for no values."""
+    if not values:
+        return (math.nan, math.nan, math.nan)
+    import numpy as np
+
+    low, median, high = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
+    return float(low), float(median), float(high)
+
+
+def step_spread(results: Sequence[Any]) -> dict[str, Any]:
+    """The spread of the measured step times of decode results: steps, median and
+    interquartile range (ms) over every step of every prompt."""
+    times = [step.step_ms for result in results for step in result.step_log]
+    low, median, high = quartiles(times)
+    return {"steps": len(times), "median_ms": median, "iqr_ms": high - low}
+
+
 @dataclass(frozen=True)
 class TreeStepTime:
     """A tree's live step time against the latency model's, over the steps where the live
@@ -404,6 +422,7 @@ class TreeStepTime:
     steps: int
     measured_ms: float  # mean live step time (draft + verify + bookkeeping)
     modelled_ms: float  # mean of the replay's booked step times (prepare / fusion included)
+    measured_iqr_ms: float = math.nan  # interquartile range of the live step times
 
     @property
     def measured_over_modelled(self) -> float:
@@ -412,7 +431,7 @@ class TreeStepTime:
     def to_json(self) -> dict[str, Any]:
         return {"tree": self.tree, "num_nodes": self.num_nodes, "depth": self.depth,
                 "steps": self.steps, "measured_ms": self.measured_ms,
-                "modelled_ms": self.modelled_ms,
+                "modelled_ms": self.modelled_ms, "measured_iqr_ms": self.measured_iqr_ms,
                 "measured_over_modelled": self.measured_over_modelled}
 
 
@@ -439,10 +458,13 @@ def step_times_by_tree(
                 continue
             measured.setdefault(match[0], []).append(step.step_ms)
             modelled.setdefault(match[0], []).append(match[1])
-    return [TreeStepTime(k, trees[k].num_nodes, trees[k].depth, len(measured[k]),
-                         math.fsum(measured[k]) / len(measured[k]),
-                         math.fsum(modelled[k]) / len(modelled[k]))
-            for k in sorted(measured)]
+    out = []
+    for k in sorted(measured):
+        low, _, high = quartiles(measured[k])
+        out.append(TreeStepTime(k, trees[k].num_nodes, trees[k].depth, len(measured[k]),
+                                math.fsum(measured[k]) / len(measured[k]),
+                                math.fsum(modelled[k]) / len(modelled[k]), high - low))
+    return out
 
 
 def _field(step: tuple | None, index: int, kind: type) -> Any:

@@ -6,9 +6,14 @@ timed at several KV-cache lengths (a random prompt of that length); after every 
 cut back, so all repeats see the same context. Trees per node budget: a chain-like one (as deep as
 the heads allow) and a wide one (as shallow as the top-k allows), plus any trees given.
 
-Timing is interleaved: each round times one step of every tree (and one plain decode step), so a
-slow spell of a shared machine lands on all trees alike instead of on whichever tree was being
-timed; ``warmup`` untimed rounds come first. Each round also times the heads' preparation for a
+Timing is interleaved: each round times one step of every tree (and one plain decode step) at
+every context length, so a slow spell of a shared machine lands on all trees and contexts alike
+instead of on whichever was being timed; ``warmup`` untimed rounds come first. Every point keeps
+its spread (the interquartile range of its rounds, ``LatencyPoint``); the points of a check the
+model fails (``LatencyModel.findings``: a fused empty step cheaper than a plain one, an
+empty-tree step off an autoregressive one, a step that gets cheaper as the tree grows, rounds
+spread too widely) are timed again in fresh rounds, a bounded number of times, and a model that
+still fails carries the findings as warnings. Each round also times the heads' preparation for a
 draft-entropy choice (``prepare_ms``) and, when the heads fuse with the base model's lm_head
 (Medusa with a shared lm_head), one fused empty-tree step (``fused_empty_ms``: the plain step
 whose projection also yields the next step's heads, plus that head 1's entropy), cache restored
@@ -28,14 +33,16 @@ import os
 import platform
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from entmtp.calibrate._row_gemm import uses_few_row_kernel
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._latency import LatencyModel, LatencyPoint
 from entmtp.treesearch._tree import Tree
 
 from ._decode import DecodingState, SpeculativeDecoder
@@ -45,6 +52,7 @@ from ._verify import forward_tokens, greedy_accept
 DEFAULT_NODE_COUNTS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_REPEATS = 10
+DEFAULT_REMEASURE = 2  # passes that time the points of failed checks again
 TRIM = 0.1  # fraction of a point's timed steps cut at each end before the mean
 
 
@@ -141,13 +149,21 @@ def profile_latency(
     trees: Iterable[Tree] | None = None,
     topk: int = 10,
     seed: int = 0,
+    remeasure: int = DEFAULT_REMEASURE,
+    clock: Any = None,
 ) -> LatencyModel:
     """Time trees of ``node_counts`` nodes (each at ``depths``, default 1 and all heads) and
     ``trees`` at every context length, and fit a ``LatencyModel`` (with ``autoregressive_ms``, a
-    plain one-token decode step, and the hardware it ran on)."""
+    plain one-token decode step, the hardware it ran on, and every point with its spread).
+
+    The points of a failed check (``LatencyModel.findings``) are timed again, in fresh
+    interleaved rounds, at most ``remeasure`` times; a model that still fails carries the
+    findings as its ``warnings``. ``clock``: an object whose ``now()`` gives ms (default: the
+    decoder's, which waits for queued device work).
+    """
     model = _unwrap_model(model)
-    if repeats < 1 or warmup < 0:
-        raise EntmtpError("latency profiling needs repeats >= 1 and warmup >= 0")
+    if repeats < 1 or warmup < 0 or remeasure < 0:
+        raise EntmtpError("latency profiling needs repeats >= 1, warmup >= 0 and remeasure >= 0")
     if not context_lengths or min(context_lengths) < 1:
         raise EntmtpError("latency profiling needs context lengths of at least 1 token")
     depths = tuple(depths) if depths is not None else (1, heads.num_heads)
@@ -160,110 +176,145 @@ def profile_latency(
             f"context length {max(context_lengths)} plus a tree does not fit the model's "
             f"{max_positions} positions: measure shorter contexts"
         )
+    contexts = [int(c) for c in dict.fromkeys(context_lengths)]
+    timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock)
+    samples = timer.rounds(timer.keys, warmup=warmup, repeats=repeats)
+    passes = 0
+    latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
+                   topk=topk, heads=heads, passes=passes)
+    while passes < remeasure:
+        findings = latency.findings()
+        again = [key for key in timer.keys
+                 if any(f.involves(_point(timer, key, samples[key])) for f in findings)]
+        if not again:
+            break
+        passes += 1
+        samples.update(timer.rounds(again, warmup=min(warmup, 1), repeats=repeats))
+        latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
+                       topk=topk, heads=heads, passes=passes)
+    return latency
 
-    decoder = SpeculativeDecoder(model, heads, topk=topk)
-    clock = decoder.clock
-    generator = torch.Generator().manual_seed(seed)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    rows: list[tuple[int, int, float]] = []
-    autoregressive: dict[int, float] = {}
-    # Medusa heads prepare one projection row per level of the schedule's deepest tree, so
-    # their prepare and fused steps are timed for every draft depth; Hydra's prepare is head 1.
-    draft_depths = (list(range(1, heads.num_heads + 1))
-                    if decoder.drafter.head_type == "medusa" else [heads.num_heads])
-    # per draft depth, per context: heads run before a draft-entropy choice (see LatencyModel)
-    prepare: dict[int, dict[int, float]] = {d: {} for d in draft_depths}
-    # per draft depth, per context: empty-tree step that also prepares the next one
-    fused: dict[int, dict[int, float]] = {d: {} for d in draft_depths}
-    empty_plan = decoder.plan(Tree.from_paths([]))
-    plans = [decoder.plan(tree) for tree in measured]
-    for length in context_lengths:
-        prompt = torch.randint(0, vocab, (int(length),), generator=generator)
-        state, _ = decoder.prefill(prompt, lambda logits: int(logits.argmax()))
-        saved = (state.past_len, state.pending, state.hidden)
 
-        def restore(state: DecodingState = state, saved=saved, length=int(length)) -> None:
-            truncate_cache(state.cache, length)
-            state.past_len, state.pending, state.hidden = saved
+# A timed point: (step kind, index, context); index is the tree's (tree steps) or the draft
+# depth (prepare / fused_empty), 0 for the autoregressive step.
+_Key = tuple[str, int, int]
 
-        def tree_step(plan, state: DecodingState = state) -> float:
-            start = clock.now()
-            with torch.inference_mode():
-                outcome = decoder.step(state, plan, greedy_accept)
+
+class _StepTimer:
+    """Times steps of every kind at every context; each context keeps its own prefilled state
+    and cache, cut back after every step, so rounds can interleave contexts too."""
+
+    def __init__(self, model, heads, trees: list[Tree], contexts: list[int], *, topk: int,
+                 seed: int, clock: Any) -> None:
+        self.model = model
+        self.trees = trees
+        self.decoder = SpeculativeDecoder(model, heads, topk=topk)
+        self.clock = clock if clock is not None else self.decoder.clock
+        # Medusa heads prepare one projection row per level of the schedule's deepest tree, so
+        # their prepare and fused steps are timed for every draft depth; Hydra's prepare is
+        # head 1.
+        self.draft_depths = (list(range(1, heads.num_heads + 1))
+                             if self.decoder.drafter.head_type == "medusa"
+                             else [heads.num_heads])
+        self.empty_plan = self.decoder.plan(Tree.from_paths([]))
+        self.plans = [self.decoder.plan(tree) for tree in trees]
+        generator = torch.Generator().manual_seed(seed)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        self.states: dict[int, tuple[DecodingState, tuple]] = {}
+        for length in contexts:
+            prompt = torch.randint(0, vocab, (length,), generator=generator)
+            state, _ = self.decoder.prefill(prompt, lambda logits: int(logits.argmax()))
+            self.states[length] = (state, (state.past_len, state.pending, state.hidden))
+        self.keys: list[_Key] = []
+        for length in contexts:
+            self.keys += [("tree", i, length) for i in range(len(trees))]
+            self.keys.append(("autoregressive", 0, length))
+            for depth in self.draft_depths:
+                self.keys.append(("prepare", depth, length))
+                if self.decoder.fuses_empty:
+                    self.keys.append(("fused_empty", depth, length))
+
+    def rounds(self, keys: Sequence[_Key], *, warmup: int, repeats: int
+               ) -> dict[_Key, list[float]]:
+        """``warmup`` untimed then ``repeats`` timed rounds; each round times one step of every
+        key in order (contexts interleaved), so a slow spell lands on all of them alike."""
+        times: dict[_Key, list[float]] = {key: [] for key in keys}
+        for round_index in range(warmup + repeats):
+            for key in keys:
+                elapsed = self.time(key)
+                if round_index >= warmup:
+                    times[key].append(elapsed)
+        return times
+
+    def time(self, key: _Key) -> float:
+        step, index, length = key
+        state, saved = self.states[length]
+        decoder = self.decoder
+        start = self.clock.now()
+        with torch.inference_mode():
+            if step == "tree":
+                outcome = decoder.step(state, self.plans[index], greedy_accept)
                 decoder.commit(state, outcome, outcome.path)
                 entropy_from_logits(outcome.logits[outcome.path]).tolist()
-            return clock.now() - start
-
-        def plain_step(state: DecodingState = state) -> float:
-            start = clock.now()
-            with torch.inference_mode():
+            elif step == "autoregressive":
                 step_input = torch.tensor([[state.pending]], device=decoder.device)
-                _, logits = forward_tokens(model, state.cache, step_input)
+                _, logits = forward_tokens(self.model, state.cache, step_input)
                 int(logits[-1].argmax())
-            return clock.now() - start
-
-        def prepare_step(depth: int, state: DecodingState = state) -> float:
-            start = clock.now()
-            with torch.inference_mode():
-                prepared = decoder.prepare(state, depth)
+            elif step == "prepare":  # reads the state only
+                prepared = decoder.prepare(state, index)
                 float(entropy_from_logits(prepared.first_logits))
-            return clock.now() - start
-
-        def fused_step(depth: int, state: DecodingState = state) -> float:
-            start = clock.now()
-            with torch.inference_mode():
-                outcome, prepared = decoder.fused_empty_step(state, empty_plan, greedy_accept,
-                                                             depth)
+            else:  # an empty-tree step that also prepares the next step's heads
+                outcome, prepared = decoder.fused_empty_step(state, self.empty_plan,
+                                                             greedy_accept, index)
                 decoder.commit(state, outcome, outcome.path)
                 float(entropy_from_logits(prepared.first_logits))  # the next step's choice
-            return clock.now() - start
+        elapsed = self.clock.now() - start
+        truncate_cache(state.cache, length)
+        state.past_len, state.pending, state.hidden = saved
+        return elapsed
 
-        times: list[list[float]] = [[] for _ in plans]
-        plain: list[float] = []
-        preparing: dict[int, list[float]] = {d: [] for d in draft_depths}
-        fusing: dict[int, list[float]] = {d: [] for d in draft_depths}
-        for round_index in range(warmup + repeats):
-            for i, plan in enumerate(plans):
-                elapsed = tree_step(plan)
-                restore()
-                if round_index >= warmup:
-                    times[i].append(elapsed)
-            elapsed = plain_step()
-            restore()
-            if round_index >= warmup:
-                plain.append(elapsed)
-            for depth in draft_depths:
-                elapsed = prepare_step(depth)  # reads the state only: nothing to restore
-                if round_index >= warmup:
-                    preparing[depth].append(elapsed)
-                if decoder.fuses_empty:
-                    elapsed = fused_step(depth)
-                    restore()
-                    if round_index >= warmup:
-                        fusing[depth].append(elapsed)
-        rows += [(tree.num_nodes, tree.depth, trimmed_mean(t)) for tree, t in zip(
-            measured, times, strict=True)]
-        autoregressive[int(length)] = trimmed_mean(plain)
-        for depth in draft_depths:
-            prepare[depth][int(length)] = trimmed_mean(preparing[depth])
-            if fusing[depth]:
-                fused[depth][int(length)] = trimmed_mean(fusing[depth])
 
+def _point(timer: _StepTimer, key: _Key, times: Sequence[float]) -> LatencyPoint:
+    step, index, length = key
+    low, median, high = (float(q) for q in np.percentile(times, [25, 50, 75]))
+    tree = timer.trees[index] if step == "tree" else None
+    return LatencyPoint(
+        step=step, context=length, ms=trimmed_mean(times), median_ms=median,
+        iqr_ms=max(high - low, 0.0), rounds=len(times),
+        nodes=tree.num_nodes if tree is not None else 0,
+        depth=tree.depth if tree is not None else index,
+    )
+
+
+def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths: list[int],
+         repeats: int, warmup: int, topk: int, heads, passes: int) -> LatencyModel:
+    points = [_point(timer, key, samples[key]) for key in timer.keys]
+    rows = [(p.nodes, p.depth, p.ms) for p in points if p.step == "tree"]
+
+    def mean_of(step: str, depth: int | None = None) -> float | None:
+        chosen = [p.ms for p in points
+                  if p.step == step and (depth is None or p.depth == depth)]
+        return statistics.fmean(chosen) if chosen else None
+
+    autoregressive = {p.context: p.ms for p in points if p.step == "autoregressive"}
     hardware = {
-        **hardware_info(model),
-        "context_lengths": [int(c) for c in context_lengths],
+        **hardware_info(timer.model),
+        "context_lengths": context_lengths,
         "repeats": int(repeats),
         "warmup": int(warmup),
-        "statistic": f"trimmed mean ({TRIM:.0%} cut at each end) of interleaved rounds",
+        "statistic": f"trimmed mean ({TRIM:.0%} cut at each end) of interleaved rounds "
+                     "(contexts interleaved too); spread: interquartile range of the rounds",
+        "remeasure_passes": passes,
         "topk": int(topk),
         "head_type": getattr(heads, "head_type", ""),
         "num_heads": int(heads.num_heads),
         "autoregressive_ms_by_context": {str(k): v for k, v in autoregressive.items()},
     }
-    prepare_by_depth = [statistics.fmean(prepare[d].values()) for d in draft_depths]
-    fused_by_depth = [statistics.fmean(fused[d].values()) for d in draft_depths if fused[d]]
-    per_depth = len(draft_depths) > 1
-    return LatencyModel.from_measurements(
+    depths = timer.draft_depths
+    prepare_by_depth = [mean_of("prepare", d) for d in depths]
+    fused_by_depth = [m for d in depths if (m := mean_of("fused_empty", d)) is not None]
+    per_depth = len(depths) > 1
+    model = LatencyModel.from_measurements(
         rows,
         autoregressive_ms=statistics.fmean(autoregressive.values()),
         prepare_ms=prepare_by_depth[-1],
@@ -272,6 +323,7 @@ def profile_latency(
         fused_empty_ms_by_depth=fused_by_depth if per_depth else (),
         hardware=hardware,
     )
+    return replace(model, points=tuple(points))
 
 
 def _trees_to_measure(

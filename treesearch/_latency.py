@@ -23,13 +23,38 @@ depth-1 schedule's fused step is almost a plain step; a depth-4 one pays three m
 ``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth`` (entry ``d - 1``: trees of depth <= ``d``)
 hold those measurements; ``prepare_cost(d)`` / ``fused_empty_cost(d)`` read them, falling back
 to the scalar fields (the deepest value, kept for readers of older files) when absent.
+
+**Noise.** A measured model keeps every point it was fitted from (``points``: a step of one
+kind at one context length, over interleaved rounds) with its spread: ``iqr_ms``, the
+interquartile range of the point's rounds. A point's figure is the trimmed mean of ``rounds``
+steps, so its standard error is ``se = iqr_ms / 1.349 / sqrt(rounds)`` (1.349 interquartile
+ranges per standard deviation of a normal spread). A fitted figure (a knot of ``verify_ms``,
+``autoregressive_ms``, a fused empty step) averages the points of its kind, so its standard
+error is that of their mean. Two figures differ **beyond noise** when they differ by more than
+``NOISE_SIGMAS`` (3) standard errors of their difference, ``3 * sqrt(se_a**2 + se_b**2)``.
+
+``findings`` (the checks, ``warnings`` their messages, written into every file) hold on any
+machine: a fused empty step is not cheaper than the plain empty-tree step; the empty-tree step
+is not cheaper than an autoregressive step and costs at most ``DECODER_OVERHEAD`` (15%) more
+(the speculative decoder's bookkeeping; the eager H200 step showed 10%), each beyond noise; the
+step time does not fall below that of any smaller tree beyond noise; a point's rounds spread by
+at most ``MAX_RELATIVE_SPREAD`` (a quarter) of its time, median over the points; every point has
+at least ``MIN_SPREAD_ROUNDS`` (4) rounds, or its spread means nothing. A model with
+no measured spread (``points`` empty: files measured before the profiler kept it) is checked
+with zero noise and says so.
+
+``noise_gain_bound`` is the gain over the best static tree that the noise alone could produce:
+``1 + NOISE_SIGMAS * sqrt(2) * eps`` with ``eps`` the median relative standard error of the
+``verify_ms`` knots (two step costs, each off by its noise). The schedule search ships a
+switching schedule only above it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +65,67 @@ from ._atomic import atomic_write_json
 from ._errors import EntmtpError
 
 LATENCY_FORMAT = "entmtp-latency"
+NOISE_SIGMAS = 3.0  # "beyond noise": more than this many standard errors of a difference
+IQR_PER_SIGMA = 1.349  # interquartile ranges per standard deviation of a normal spread
+DECODER_OVERHEAD = 0.15  # the empty-tree step's bookkeeping allowed over a plain step
+MAX_RELATIVE_SPREAD = 0.25  # median over the points of iqr_ms / ms before "too noisy"
+MIN_SPREAD_ROUNDS = 4  # fewer rounds than this give no interquartile range worth the name
+STEP_KINDS = ("tree", "autoregressive", "prepare", "fused_empty")
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    """One measured point: ``rounds`` interleaved steps of one kind at one context length."""
+
+    step: str  # one of STEP_KINDS
+    context: int  # KV-cache length the step ran at
+    ms: float  # trimmed mean of the rounds: the figure the model is fitted to
+    median_ms: float
+    iqr_ms: float  # interquartile range of the rounds: the spread of one step
+    rounds: int
+    nodes: int = 0  # tree steps: the tree's node count
+    depth: int = 0  # tree steps: the tree's depth; prepare / fused_empty: the draft depth
+
+    def __post_init__(self) -> None:
+        if self.step not in STEP_KINDS:
+            raise EntmtpError(f"latency point step {self.step!r}: use one of "
+                              f"{', '.join(STEP_KINDS)}")
+        values = (self.ms, self.median_ms, self.iqr_ms)
+        if not all(math.isfinite(float(v)) and float(v) >= 0 for v in values) or self.rounds < 1:
+            raise EntmtpError("latency point times must be finite and non-negative, rounds >= 1")
+
+    @property
+    def standard_error_ms(self) -> float:
+        """Standard error of ``ms`` (see the module doc)."""
+        return self.iqr_ms / IQR_PER_SIGMA / math.sqrt(self.rounds)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> LatencyPoint:
+        return cls(step=str(obj["step"]), context=int(obj["context"]), ms=float(obj["ms"]),
+                   median_ms=float(obj["median_ms"]), iqr_ms=float(obj["iqr_ms"]),
+                   rounds=int(obj["rounds"]), nodes=int(obj.get("nodes", 0)),
+                   depth=int(obj.get("depth", 0)))
+
+
+@dataclass(frozen=True)
+class LatencyFinding:
+    """A failed check: its message and the points a re-measurement should time again."""
+
+    message: str
+    nodes: tuple[int, ...] = ()  # tree points with these node counts
+    steps: tuple[tuple[str, int], ...] = ()  # (step, depth) of other points; depth -1: any
+    everything: bool = False  # every point (the whole measurement was too noisy)
+
+    def involves(self, point: LatencyPoint) -> bool:
+        if self.everything:
+            return True
+        if point.step == "tree":
+            return point.nodes in self.nodes
+        return any(point.step == step and depth in (-1, point.depth)
+                   for step, depth in self.steps)
 
 
 @dataclass(frozen=True)
@@ -54,6 +140,7 @@ class LatencyModel:
     fused_empty_ms_by_depth: tuple[float, ...] = ()  # [d - 1]: fused empty step, depth <= d
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
+    points: tuple[LatencyPoint, ...] = ()  # every measured point with its spread (): none kept
 
     def __post_init__(self) -> None:
         nodes = tuple(int(n) for n in self.nodes)
@@ -75,19 +162,22 @@ class LatencyModel:
                 "latency model has fused_empty_ms_by_depth but no fused_empty_ms: give both"
             )
         object.__setattr__(self, "fused_empty_ms", fused)
+        object.__setattr__(self, "points", tuple(self.points))
         object.__setattr__(self, "prepare_ms_by_depth", prepare_by_depth)
         object.__setattr__(self, "fused_empty_ms_by_depth", fused_by_depth)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "verify_ms", verify)
 
     def step_ms(self, num_nodes: int | np.ndarray, depth: int | np.ndarray) -> float | np.ndarray:
-        """Modelled ms of one draft+verify step; extrapolates linearly past the last count."""
+        """Modelled ms of one draft+verify step; extrapolates linearly past the last count,
+        never downwards (a last segment that falls, noise or a kernel's dip, would otherwise
+        price large trees below zero)."""
         n = np.asarray(num_nodes, dtype=np.float64)
         x = np.asarray(self.nodes, dtype=np.float64)
         y = np.asarray(self.verify_ms, dtype=np.float64)
         out = np.interp(n, x, y)
         if len(x) >= 2:
-            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
             out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
         out = out + self.depth_ms * np.asarray(depth, dtype=np.float64)
         return float(out) if np.ndim(out) == 0 else out
@@ -106,6 +196,57 @@ class LatencyModel:
         if self.fused_empty_ms is None:
             return None
         return _by_depth(self.fused_empty_ms_by_depth, draft_depth, self.fused_empty_ms)
+
+    # -- noise -----------------------------------------------------------------------------
+    @property
+    def spread_measured(self) -> bool:
+        return bool(self.points)
+
+    @property
+    def synthetic(self) -> bool:
+        return str(self.hardware.get("kind", "")).startswith("synthetic")
+
+    def figure_error_ms(self, step: str, *, nodes: int = 0, depth: int = -1) -> float:
+        """Standard error of a fitted figure: that of the mean of its points (0.0: no points).
+
+        ``step`` "tree": the ``verify_ms`` knot at ``nodes``; "autoregressive"; "prepare" /
+        "fused_empty" at draft ``depth`` (-1: every depth, the scalar field).
+        """
+        if step == "tree":
+            chosen = [p for p in self.points if p.step == "tree" and p.nodes == nodes]
+        else:
+            chosen = [p for p in self.points
+                      if p.step == step and (depth == -1 or p.depth == depth)]
+        if not chosen:
+            return 0.0
+        return math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in chosen)) / len(chosen)
+
+    def relative_noise(self) -> float | None:
+        """Median relative standard error of the ``verify_ms`` knots (None: no spread)."""
+        if not self.points:
+            return None
+        ratios = [self.figure_error_ms("tree", nodes=n) / v
+                  for n, v in zip(self.nodes, self.verify_ms, strict=True) if v > 0]
+        return float(np.median(ratios)) if ratios else 0.0
+
+    def noise_gain_bound(self) -> float | None:
+        """Gain over a static tree the noise alone could produce (None: no spread measured)."""
+        eps = self.relative_noise()
+        return None if eps is None else 1.0 + NOISE_SIGMAS * math.sqrt(2.0) * eps
+
+    def relative_spread(self) -> float | None:
+        """Median over the points of ``iqr_ms / ms`` (None: no spread measured)."""
+        if not self.points:
+            return None
+        return float(np.median([p.iqr_ms / p.ms if p.ms > 0 else 0.0 for p in self.points]))
+
+    def findings(self) -> list[LatencyFinding]:
+        """The checks of the module doc that this model fails (empty: it passes)."""
+        return list(_findings(self))
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f.message for f in self.findings()]
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -175,6 +316,10 @@ class LatencyModel:
         out["nodes"] = list(self.nodes)
         out["verify_ms"] = list(self.verify_ms)
         out["measurements"] = [list(m) for m in self.measurements]
+        # null: no spread was measured (files from before the profiler kept it)
+        out["noise"] = {"points": [p.to_json() for p in self.points]} if self.points else None
+        del out["points"]
+        out["warnings"] = self.warnings  # for a reader of the file: recomputed on load
         if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
             del out["fused_empty_ms"]
         for name in ("prepare_ms_by_depth", "fused_empty_ms_by_depth"):
@@ -200,8 +345,10 @@ class LatencyModel:
                 fused_empty_ms_by_depth=tuple(obj.get("fused_empty_ms_by_depth", ())),
                 hardware=dict(obj.get("hardware", {})),
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
+                points=tuple(LatencyPoint.from_json(p)
+                             for p in (obj.get("noise") or {}).get("points", ())),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise EntmtpError(f"latency model JSON is missing or has a bad field: {err}") from err
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -244,3 +391,72 @@ def _fit_knots(
     solution, *_ = np.linalg.lstsq(design, target, rcond=None)
     depth_ms = float(solution[-1]) if fit_depth else 0.0
     return [float(v) for v in solution[: len(knots)]], depth_ms
+
+
+def _beyond(low: float, high: float, error: float) -> bool:
+    """``low`` is below ``high`` by more than ``NOISE_SIGMAS`` standard errors ``error``."""
+    return high - low > NOISE_SIGMAS * error
+
+
+def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
+    noise = "" if model.points else " (no spread measured: any difference counts)"
+    if not model.points and not model.synthetic:
+        yield LatencyFinding(
+            "no spread measured: this file predates the profiler's noise figures, so its checks "
+            "count any difference; re-measure with `entmtp latency` on a quiet machine")
+    fewest = min((p.rounds for p in model.points), default=MIN_SPREAD_ROUNDS)
+    if fewest < MIN_SPREAD_ROUNDS:
+        yield LatencyFinding(
+            f"only {fewest} round(s) per point: too few to measure a spread, so the checks "
+            f"treat a near-zero noise as real; measure with --repeats {MIN_SPREAD_ROUNDS} or "
+            "more")
+    spread = model.relative_spread()
+    if spread is not None and spread > MAX_RELATIVE_SPREAD:
+        yield LatencyFinding(
+            f"too noisy: a step's rounds spread by {spread:.0%} of its time (median interquartile "
+            f"range over the points; at most {MAX_RELATIVE_SPREAD:.0%}): the machine was busy; "
+            "re-measure on a quiet machine", everything=True)
+    empty = model.verify_ms[0]
+    empty_se = model.figure_error_ms("tree", nodes=0)
+    fused_depths = (list(range(1, len(model.fused_empty_ms_by_depth) + 1))
+                    if model.fused_empty_ms_by_depth else [-1])
+    if model.fused_empty_ms is not None:
+        for depth in fused_depths:
+            fused = model.fused_empty_cost(depth) if depth > 0 else model.fused_empty_ms
+            error = math.hypot(model.figure_error_ms("fused_empty", depth=depth), empty_se)
+            if _beyond(fused, empty, error):
+                label = f" (draft depth {depth})" if depth > 0 else ""
+                yield LatencyFinding(
+                    f"fused empty step{label} {fused:.2f} ms is cheaper than the plain "
+                    f"empty-tree step {empty:.2f} ms beyond noise ({NOISE_SIGMAS:.0f} standard "
+                    f"errors: {NOISE_SIGMAS * error:.2f} ms){noise}; it does that step's work "
+                    "and more", nodes=(0,), steps=(("fused_empty", depth),))
+    ar = model.autoregressive_ms
+    error = math.hypot(model.figure_error_ms("autoregressive"), empty_se)
+    if _beyond(empty, ar, error):
+        yield LatencyFinding(
+            f"the empty-tree step {empty:.2f} ms is cheaper than an autoregressive step "
+            f"{ar:.2f} ms beyond noise ({NOISE_SIGMAS * error:.2f} ms){noise}; it does that "
+            "step's work and more", nodes=(0,), steps=(("autoregressive", -1),))
+    elif _beyond(ar * (1 + DECODER_OVERHEAD), empty, error):
+        yield LatencyFinding(
+            f"the empty-tree step {empty:.2f} ms costs more than an autoregressive step "
+            f"{ar:.2f} ms plus {DECODER_OVERHEAD:.0%} beyond noise ({NOISE_SIGMAS * error:.2f} "
+            f"ms){noise}", nodes=(0,), steps=(("autoregressive", -1),))
+    falls = []
+    highest = 0  # index of the costliest knot so far
+    for j in range(1, len(model.nodes)):
+        error = math.hypot(model.figure_error_ms("tree", nodes=model.nodes[j]),
+                           model.figure_error_ms("tree", nodes=model.nodes[highest]))
+        if _beyond(model.verify_ms[j], model.verify_ms[highest], error):
+            falls.append((model.nodes[highest], model.nodes[j], model.verify_ms[highest],
+                          model.verify_ms[j], NOISE_SIGMAS * error))
+        if model.verify_ms[j] > model.verify_ms[highest]:
+            highest = j
+    if falls:
+        shown = "; ".join(f"{a} -> {b} nodes: {ma:.2f} -> {mb:.2f} ms (noise {tol:.2f})"
+                          for a, b, ma, mb, tol in falls[:3])
+        more = f"; {len(falls) - 3} more" if len(falls) > 3 else ""
+        yield LatencyFinding(
+            f"step time falls as the tree grows, beyond noise{noise}: {shown}{more}",
+            nodes=tuple(sorted({n for a, b, *_ in falls for n in (a, b)})))

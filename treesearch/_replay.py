@@ -14,7 +14,9 @@ before the choice to empty-tree steps (``prepare_ms``), and with fused heads
 (``LatencyModel.fused_empty_ms``) an empty-tree step right after another one costs only
 ``fused_empty_ms``, since the previous step's projection prepared it (``Replayer.step_ms``).
 Both are charged for the schedule's *draft depth*, the depth of its deepest tree (the heads a
-live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``).
+live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``). ``Replayer.cost_table``
+is the one definition of those charges; the oracle reads it too, for every signal and draft
+depth a schedule over the same trees can have, so it bounds every schedule and static tree.
 
 ``Replayer`` precomputes each tree's accept length at every position once, so replaying one
 more schedule costs a gather plus a Python jump loop over the steps.
@@ -221,51 +223,55 @@ class Replayer:
         return draft_depth
 
     def step_costs(self, signal: str = BASE_ENTROPY, draft_depth: int | None = None) -> np.ndarray:
-        """Modelled ms of a step with each tree under ``signal``: float64 ``[trees]``.
+        """Modelled ms of a step with each tree under ``signal`` when the previous step of its
+        trajectory was not an empty-tree step: float64 ``[trees]`` (``cost_table``'s column 0).
+        """
+        return self.cost_table(signal, draft_depth)[:, 0]
+
+    def cost_table(self, signal: str = BASE_ENTROPY, draft_depth: int | None = None) -> np.ndarray:
+        """What the replay charges a step with each tree: float64 ``[trees, 2]``; column 1 is a
+        step right after an empty-tree step of the same trajectory, column 0 any other step.
+
+        The one place step costs are defined: ``step_ms`` (every schedule and static tree) and
+        ``oracle`` read it, so the oracle bounds what the replay charges by construction.
 
         A draft-entropy schedule runs the heads before choosing; only an empty tree does not
         reuse them, so only its steps pay the latency model's ``prepare_cost``. With fused heads
-        (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost`` here; one
-        right after another empty-tree step costs ``fused_empty_cost`` only (see ``step_ms``).
-        ``draft_depth`` is the schedule's (None: the deepest of all ``self.trees``); only a
-        draft-entropy schedule reads it.
+        (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost``; right after
+        another empty-tree step its projection already gave this step's heads' logits, so an
+        empty-tree step costs ``fused_empty_cost`` alone and a drafted step saves the heads'
+        projection its ``tree_ms`` includes (about ``prepare_cost``). ``draft_depth`` is the
+        schedule's (None: the deepest of all ``self.trees``); only a draft-entropy schedule
+        reads it.
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
         if signal != DRAFT_ENTROPY:
-            return costs
+            return np.stack([costs, costs], axis=1)
         latency = self.latency
         depth = self.draft_depth(range(len(self.trees))) if draft_depth is None else draft_depth
         prepare = latency.prepare_cost(depth)
-        if self.fuses(signal):
-            return np.where(self._empty, latency.fused_empty_cost(depth) + prepare, costs)
-        if prepare > 0:
-            costs = costs + np.where(self._empty, prepare, 0.0)
-        return costs
+        if not self.fuses(signal):
+            fresh = costs + np.where(self._empty, prepare, 0.0)
+            return np.stack([fresh, fresh], axis=1)
+        fused = latency.fused_empty_cost(depth)
+        fresh = np.where(self._empty, fused + prepare, costs)
+        after_empty = np.where(self._empty, fused, np.maximum(costs - prepare, 0.0))
+        return np.stack([fresh, after_empty], axis=1)
 
     def step_ms(
         self, steps: np.ndarray, tree_at: np.ndarray, signal: str = BASE_ENTROPY,
         draft_depth: int | None = None,
     ) -> np.ndarray:
-        """Modelled ms of each step (global start positions ``steps``): float64 ``[steps]``.
-
-        ``step_costs`` of the step's tree, except after an empty-tree step of the same
-        trajectory when heads are fused: that step's projection already gave this step's heads'
-        logits, so an empty-tree step costs ``fused_empty_cost`` alone and a drafted step saves
-        the heads' projection its ``tree_ms`` includes (about ``prepare_cost``). ``draft_depth``
-        None: the deepest tree that ``tree_at`` uses.
-        """
+        """Modelled ms of each step (global start positions ``steps``): float64 ``[steps]``,
+        from ``cost_table``. ``draft_depth`` None: the deepest tree that ``tree_at`` uses."""
         draft_depth = self._schedule_depth(tree_at, signal, draft_depth)
         step_tree = tree_at[steps]
-        ms = self.step_costs(signal, draft_depth)[step_tree]
-        if self.fuses(signal) and len(steps) > 1:
-            empty = self._empty[step_tree]
-            prepared = np.zeros(len(steps), dtype=bool)  # by the previous step's projection
-            prepared[1:] = empty[:-1]
-            prepared &= ~self._trace_start[steps]
-            ms = np.where(prepared & empty, self.latency.fused_empty_cost(draft_depth), ms)
-            saved = np.maximum(ms - self.latency.prepare_cost(draft_depth), 0.0)
-            ms = np.where(prepared & ~empty, saved, ms)
-        return ms
+        table = self.cost_table(signal, draft_depth)
+        after_empty = np.zeros(len(steps), dtype=bool)  # the previous step was an empty tree's
+        if len(steps) > 1:
+            after_empty[1:] = self._empty[step_tree[:-1]]
+            after_empty &= ~self._trace_start[steps]
+        return table[step_tree, after_empty.astype(np.int64)]
 
     def time_ms(
         self, tree_at: np.ndarray, signal: str = BASE_ENTROPY, draft_depth: int | None = None
@@ -301,32 +307,65 @@ class Replayer:
         """Replay with ``self.trees[index]`` at every step."""
         return self.run(np.full(self.num_positions, index, dtype=np.int64))
 
-    def oracle(self) -> ReplayResult:
-        """Best tree of the set per step in hindsight: exact DP from each trajectory's end.
+    def cost_regimes(self) -> list[tuple[str, int | None, np.ndarray]]:
+        """Every way a schedule over ``self.trees`` can be charged: ``(signal, draft_depth,
+        allowed)`` with ``allowed`` the trees (bool ``[trees]``) such a schedule may use.
 
-        ``time[i] = min_T step_ms(T) + time[i + a_T(i)]`` with ``time[G - 1] = 0`` (accept
-        lengths already cut to ``G - 1 - i``); ties go to the lowest tree index.
+        The base signal may use every tree; a draft-entropy schedule (only when the profile has
+        head-1 entropies) is charged for its deepest tree ``d``, so it uses trees of depth
+        <= ``d``, for each depth ``d`` of the set.
         """
-        num_trees = len(self.trees)
-        choice = np.zeros(self.num_positions, dtype=np.int64)
-        ms = list(self.tree_ms)
+        everything = np.ones(len(self.trees), dtype=bool)
+        regimes: list[tuple[str, int | None, np.ndarray]] = [(BASE_ENTROPY, None, everything)]
+        if self.draft_entropy is not None:
+            depths = np.array([t.depth for t in self.trees])
+            regimes += [(DRAFT_ENTROPY, int(d), depths <= d) for d in np.unique(depths)]
+        return regimes
+
+    def oracle(self) -> ReplayResult:
+        """Best tree of the set per step in hindsight, charged exactly as the replay charges:
+        an exact DP from each trajectory's end, for every cost regime (``cost_regimes``), and
+        the regime with the least total time (ties: the base signal, then the shallowest).
+
+        ``time[i, e] = min_T cost(T, e) + time[i + a_T(i), T is empty]`` with ``time[G - 1] = 0``
+        (accept lengths already cut to ``G - 1 - i``; ``e``: the previous step was an empty-tree
+        step, ``cost`` from ``cost_table``); ties go to the lowest tree index. Every schedule and
+        static tree over ``self.trees`` is one walk of one regime, so none is faster.
+        """
+        regimes = self.cost_regimes()
+        # [regimes, trees, 2]: inf where a regime cannot use a tree
+        costs = np.stack([np.where(allowed[:, None], self.cost_table(signal, depth), np.inf)
+                          for signal, depth, allowed in regimes])
+        empty = self._empty.astype(np.int64)
+        num_regimes, num_trees = costs.shape[:2]
+        walks: list[tuple[int, int, np.ndarray]] = []  # (start, length, choice[regimes, L, 2])
+        totals = np.zeros(num_regimes)
         for start, end in zip(self.starts.tolist(), self.ends.tolist(), strict=True):
             length = end - start
             if length < 2:
                 continue
-            jumps = self.accept[:, start:end].tolist()
-            best_time = [0.0] * length
-            best_tree = [0] * length
+            jumps = self.accept[:, start:end]  # [trees, L]
+            best_time = np.zeros((num_regimes, length, 2))
+            best_tree = np.zeros((num_regimes, length, 2), dtype=np.int64)
             for i in range(length - 2, -1, -1):
-                best, pick = math.inf, 0
-                for k in range(num_trees):
-                    candidate = ms[k] + best_time[i + jumps[k][i]]
-                    if candidate < best:
-                        best, pick = candidate, k
-                best_time[i] = best
-                best_tree[i] = pick
-            choice[start:end] = best_tree
-        return self.run(choice)
+                after = best_time[:, i + jumps[:, i], empty]  # [regimes, trees]
+                candidate = costs + after[:, :, None]  # [regimes, trees, 2]
+                pick = candidate.argmin(axis=1)  # [regimes, 2]
+                best_tree[:, i] = pick
+                best_time[:, i] = np.take_along_axis(candidate, pick[:, None, :], axis=1)[:, 0]
+            totals += best_time[:, 0, 0]
+            walks.append((start, length, best_tree))
+        regime = int(np.argmin(totals))
+        choice = np.zeros(self.num_positions, dtype=np.int64)
+        for start, length, best_tree in walks:
+            i, after_empty = 0, 0
+            while i < length - 1:
+                k = int(best_tree[regime, i, after_empty])
+                choice[start + i] = k
+                i += int(self.accept[k, start + i])
+                after_empty = int(self._empty[k])
+        signal, depth, _ = regimes[regime]
+        return self.run(choice, signal=signal, draft_depth=depth)
 
     def _result(
         self, steps: np.ndarray, tree_at: np.ndarray, estimates: np.ndarray | None,

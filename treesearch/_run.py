@@ -224,10 +224,91 @@ def make_bundle(
     )
 
 
+def noise_line(result: ScheduleSearchResult) -> str:
+    """What the noise check of the schedule search found (see calibrate_schedule)."""
+    check = result.noise
+    if check is None:
+        return ("Latency noise check: not needed (no switching schedule beat the best static "
+                "tree on the calibration traces).")
+    if check.bound is None:
+        return (f"Latency noise check: not applied (the latency model has no measured spread); "
+                f"the switching schedule gains {check.gain:.3f}x over the best static tree.")
+    if check.passed:
+        return (f"Latency noise check: the switching schedule gains {check.gain:.3f}x over the "
+                f"best static tree, above the {check.bound:.3f}x the latency model's noise "
+                "could produce; kept it.")
+    return (f"Latency noise check: the switching schedule gained only {check.gain:.3f}x over "
+            f"the best static tree, within the {check.bound:.3f}x the latency model's noise "
+            "could produce (3 standard errors of a difference of two step costs), so the "
+            "bundle ships the best static tree.")
+
+
+def _point_label(point) -> str:
+    if point.step == "tree":
+        return f"the step at {point.nodes} nodes, depth {point.depth}"
+    if point.step == "autoregressive":
+        return "the autoregressive step"
+    return f"{point.step.replace('_', ' ')}, draft depth {point.depth}"
+
+
+def latency_lines(latency: LatencyModel) -> list[str]:
+    """``report.md``'s account of the latency model's noise and failed checks."""
+    lines = ["## Latency model noise", ""]
+    spread = latency.relative_spread()
+    if spread is None:
+        lines.append("Spread: not measured (synthetic, or measured before the profiler kept "
+                     "it).")
+    else:
+        rounds = sorted({p.rounds for p in latency.points})
+        shown_rounds = (str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}-{rounds[-1]}")
+        worst = max(latency.points, key=lambda p: p.iqr_ms / p.ms if p.ms > 0 else 0.0)
+        lines += [f"Each point is the trimmed mean of {shown_rounds} interleaved rounds; a step's "
+                  f"rounds spread by {spread:.1%} of its time (median interquartile range over "
+                  f"the {len(latency.points)} points in latency.json; widest: "
+                  f"{worst.iqr_ms / worst.ms:.1%}, {_point_label(worst)}, context "
+                  f"{worst.context}); relative standard error of a step cost "
+                  f"{latency.relative_noise():.2%}; gain the noise could produce "
+                  f"{latency.noise_gain_bound():.3f}x; re-measure passes "
+                  f"{latency.hardware.get('remeasure_passes', 0)}.", "",
+                  "| figure | ms | points | median IQR ms | standard error ms |",
+                  "|---|---:|---:|---:|---:|"]
+        figures = [(f"step, {n} nodes", "tree", n, -1, v)
+                   for n, v in zip(latency.nodes, latency.verify_ms, strict=True)]
+        figures.append(("autoregressive step", "autoregressive", 0, -1,
+                        latency.autoregressive_ms))
+        for step in ("prepare", "fused_empty"):
+            for depth in sorted({p.depth for p in latency.points if p.step == step}):
+                cost = (latency.prepare_cost(depth) if step == "prepare"
+                        else latency.fused_empty_cost(depth))
+                figures.append((f"{step.replace('_', ' ')}, draft depth {depth}", step, 0,
+                                depth, cost))
+        for label, step, nodes, depth, ms in figures:
+            mine = [p for p in latency.points if p.step == step
+                    and (p.nodes == nodes if step == "tree" else depth in (-1, p.depth))]
+            if not mine or ms is None:
+                continue
+            iqr = float(np.median([p.iqr_ms for p in mine]))
+            error = latency.figure_error_ms(step, nodes=nodes, depth=depth)
+            lines.append(f"| {label} | {ms:.2f} | {len(mine)} | {iqr:.2f} | {error:.2f} |")
+    warnings = latency.warnings
+    lines.append("")
+    if warnings:
+        lines += ["**Warning: the latency model fails its checks; the trees below may follow "
+                  "measurement noise. Re-measure on a quiet machine (`entmtp latency`) and "
+                  "retarget (`entmtp retarget`).**", ""]
+        lines += [f"- {w}" for w in warnings]
+    else:
+        lines.append("The latency model passes its checks.")
+    lines.append("")
+    return lines
+
+
 def validation_line(result: ScheduleSearchResult) -> str:
     """What the out-of-sample check of the schedule search found (see calibrate_schedule)."""
     check = result.validation
     if check is None:
+        if result.noise is not None and not result.noise.passed:
+            return "Cross-validation: not run (the noise check shipped the static tree)."
         if result.study.best_trial is None:
             return ("Cross-validation: not needed (no switching schedule beat the best static "
                     "tree on the calibration traces).")
@@ -334,7 +415,8 @@ def report_markdown(
                      f"{rep.speedup_vs_autoregressive:.3f}x | "
                      f"{rep.tokens_per_second / static_tps:.3f}x |")
     lines += ["", f"Schedule reaches {result.fraction_of_oracle:.1%} of the oracle's tokens/s.", ""]
-    lines += [validation_line(result), ""]
+    lines += [noise_line(result), "", validation_line(result), ""]
+    lines += latency_lines(latency)
     lines += ["## Independence model (Medusa's tree builder) vs the empirical prefix model", "",
               "| tree | empirical accept length | independence model | relative error |",
               "|---|---:|---:|---:|"]

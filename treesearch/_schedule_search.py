@@ -31,6 +31,13 @@ whole search runs again on every K - 1 of them, and its schedule and its best st
 replayed on the fold left out. Unless the schedules' summed held-out time is below the static
 trees', the best static tree is shipped (``ScheduleSearchResult.validation`` says why).
 
+A gain that small can also come from the latency model's own noise: trees whose measured step
+times sit a little low look like a win. So a switching schedule must also gain more over the best
+static tree, on the calibration traces, than ``LatencyModel.noise_gain_bound`` (the gain the
+model's measured spread alone could produce; see ``_latency``); otherwise the best static tree is
+shipped (``ScheduleSearchResult.noise`` says why). A model without a measured spread cannot
+apply it (``NoiseCheck.bound`` None).
+
 ``storage``: None (in memory), an Optuna database URL, or ``journal:PATH`` (a journal file that
 several processes can share; give each process its own ``seed``).
 """
@@ -88,6 +95,19 @@ class Validation:
         return self.schedule_ms < self.static_ms
 
 
+@dataclass(frozen=True)
+class NoiseCheck:
+    """The switching schedule's replayed gain over the best static tree against what the
+    latency model's noise could produce."""
+
+    gain: float  # schedule tokens/s over the best static tree's, calibration traces
+    bound: float | None  # LatencyModel.noise_gain_bound(); None: no spread measured
+
+    @property
+    def passed(self) -> bool:
+        return self.bound is None or self.gain > self.bound
+
+
 @dataclass(frozen=True, eq=False)
 class ScheduleSearchResult:
     schedule: Schedule
@@ -99,6 +119,7 @@ class ScheduleSearchResult:
     oracle: ReplayResult  # best candidate per step in hindsight: the bound for any schedule
     study: StudySummary
     validation: Validation | None = None  # None: not run (off, too few prompts, or static won)
+    noise: NoiseCheck | None = None  # None: no switching schedule beat the static tree
 
     @property
     def gain_over_static(self) -> float:
@@ -329,7 +350,12 @@ def calibrate_schedule(
             if proposal_result.time_ms < static_result.time_ms:
                 schedule, result = proposal, proposal_result
                 bucket_candidates, best_trial = merged_trees, best.number
-    validation = None
+    validation = noise = None
+    if best_trial is not None:
+        noise = NoiseCheck(static_result.time_ms / result.time_ms, latency.noise_gain_bound())
+        if not noise.passed:
+            schedule, result = Schedule.static(candidates[static_index]), static_result
+            bucket_candidates, best_trial = [static_index], None
     if best_trial is not None and validation_folds >= 2:
         validation = cross_validate(profile, candidates, latency, folds=validation_folds,
                                     n_trials=n_trials, seed=seed, max_buckets=max_buckets)
@@ -353,6 +379,7 @@ def calibrate_schedule(
         oracle=oracle,
         study=summary,
         validation=validation,
+        noise=noise,
     )
 
 

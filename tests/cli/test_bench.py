@@ -131,6 +131,9 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
         assert len(row["per_prompt"]["decode_ms"]) == len(PROMPTS)
         assert sum(row["per_prompt"]["decode_tokens"]) == row["decode_tokens"]
         assert sum(row["per_prompt"]["steps"]) == row["steps"]
+        # the spread of its measured step times
+        assert row["step_ms"]["steps"] == row["steps"]
+        assert row["step_ms"]["median_ms"] > 0 and row["step_ms"]["iqr_ms"] >= 0
     # Each entmtp row against AR, both reference rows and its own type's best static only.
     for kind, other in (("medusa", "hydra"), ("hydra", "medusa")):
         assert set(rows[f"entmtp[{kind}]"]["speedup"]) == {
@@ -187,6 +190,13 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
             / p["best_static"]["replayed"]["tokens_per_second"])
         assert p["autoregressive_measured_over_modelled"] == pytest.approx(
             rows[AR]["tokens_per_second"] * bundle.latency.autoregressive_ms / 1000.0)
+        # the tiny model decodes far faster than the 83 ms of its (synthetic CPU) latency
+        # model: a drifted machine, said on stderr with what to do
+        assert p["autoregressive_measured_over_modelled"] > 1 + _bench.DRIFT_LIMIT
+        assert p["warnings"] and "re-measure with `entmtp latency" in p["warnings"][0]
+        assert f"entmtp: warning: entmtp[{kind}]: autoregressive decoding ran at" in result.stderr
+        for t in p["step_time_by_tree"]:
+            assert t["measured_iqr_ms"] >= 0
         assert p[f"speedup_vs_{HYDRA_REF}"] == row["speedup"][HYDRA_REF]
         assert p[f"speedup_vs_{MEDUSA_REF}"] == row["speedup"][MEDUSA_REF]
         assert list(p["targets"]) == [t.key for t in TARGETS]
@@ -387,3 +397,13 @@ def check_results_table(path: Path, report: dict) -> None:
     assert report["machine"]["date"] in text and report["command"] in text
     for kind, sha in report.get("heads_sha256", {}).items():
         assert f"{kind} {sha[:12]}" in text
+
+
+def test_drift_warning_names_the_way_and_the_fix():
+    assert _bench.drift_warning(1.0) is None
+    assert _bench.drift_warning(1.0 + 0.99 * _bench.DRIFT_LIMIT) is None
+    assert _bench.drift_warning(None) is None and _bench.drift_warning(float("nan")) is None
+    slow = _bench.drift_warning(0.8)
+    assert "0.80x" in slow and "slower" in slow and "entmtp latency" in slow
+    assert "entmtp retarget" in slow
+    assert "faster" in _bench.drift_warning(1.3)

@@ -274,3 +274,119 @@ def test_plot_latency_labels_synthetic_curves(tmp_path):
     from entmtp.cli._latency_cmd import default_label
 
     assert "synthetic" in default_label(LatencyModel.gpu_like(), "x")
+
+
+# -- the checks: warnings on stderr, --strict refuses -------------------------------------------
+def _cheap_fused(monkeypatch):
+    """Every step 10 ms (+1 per node) except fused empty steps at 3 ms: a model that keeps
+    failing its fused-vs-plain check."""
+    from entmtp.runtime import _latency_profile
+
+    def time(timer, key):
+        step, index, _ = key
+        if step == "tree":
+            return 10.0 + timer.trees[index].num_nodes + 0.01 * len(timer.keys)
+        return {"autoregressive": 9.9, "prepare": 1.0, "fused_empty": 3.0}[step]
+
+    monkeypatch.setattr(_latency_profile._StepTimer, "time", time)
+
+
+def _latency_args(out, tiny_model_dir) -> list[str]:
+    return [*_quick_latency_args(out), "--model", str(tiny_model_dir), "--random-weights",
+            "--head-type", "medusa", "--num-heads", "2", "--remeasure", "1", "--repeats", "4"]
+
+
+def test_latency_writes_a_failing_model_with_its_warning(profiler, tiny_model_dir, tmp_path,
+                                                        monkeypatch):
+    _cheap_fused(monkeypatch)
+    out = tmp_path / "latency.json"
+    result = runner.invoke(app, _latency_args(out, tiny_model_dir))
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(out.read_text())["warnings"]
+    assert any("fused empty step" in w for w in warnings)
+    assert "entmtp: warning: latency measurement: fused empty step" in result.stderr
+    assert "entmtp latency" in result.stderr  # says what to do
+    assert LatencyModel.load(out).hardware["remeasure_passes"] == 1
+
+
+def test_latency_strict_refuses_a_failing_model(profiler, tiny_model_dir, tmp_path, monkeypatch):
+    _cheap_fused(monkeypatch)
+    out = tmp_path / "latency.json"
+    result = runner.invoke(app, [*_latency_args(out, tiny_model_dir), "--strict"])
+    line = _one_line_error(result)
+    assert "--strict" in line and "fused empty step" in line
+    assert not out.exists()
+
+
+def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
+    from rich.console import Console
+
+    from entmtp.cli._calibrate import latency_stage
+    from entmtp.cli._runs import RunDir
+    from entmtp.treesearch import EntmtpError
+
+    bad = replace(LatencyModel.cpu_like(), fused_empty_ms=10.0, hardware={"kind": "measured"})
+    source = bad.save(tmp_path / "bad.json")
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    with pytest.raises(EntmtpError, match="--strict"):
+        latency_stage(run, latency_file=source, loader=None, console=Console(), strict=True)
+    assert not run.latency.exists()
+    latency_stage(run, latency_file=source, loader=None, console=Console(), strict=False)
+    assert LatencyModel.load(run.latency).warnings == bad.warnings != []
+
+
+# -- make demo on a busy machine ----------------------------------------------------------------
+@pytest.fixture
+def busy_machine(profiler, monkeypatch):
+    """Every timed latency step takes a random 5-200 ms (a CPU hog's doing), and the run's
+    latency stage measures a few small trees at short contexts (the tiny model's limits)."""
+    import functools
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(profiler._StepTimer, "time", lambda timer, key: rng.uniform(5, 200))
+    monkeypatch.setattr(profiler, "profile_latency", functools.partial(
+        profiler.profile_latency, node_counts=(0, 1, 3), context_lengths=(16, 32), repeats=4,
+        warmup=0, topk=3))
+
+
+def _calibrate_args(tiny_model_dir, tmp_path, out) -> list[str]:
+    from support import make_tiny_heads_dir
+
+    heads = make_tiny_heads_dir(tiny_model_dir, tmp_path / "heads")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in
+                            enumerate(["def f(x):", "Once upon", "import os", "x = [1, 2]"])))
+    return ["calibrate", "--model", str(tiny_model_dir), "--heads", str(heads), "--data",
+            str(data), "--split", "all", "--prompts", "4", "--max-new-tokens", "12",
+            "--schedule-trials", "6", "--validation-folds", "0", "--out", str(out)]
+
+
+def test_calibrate_on_a_busy_machine_says_the_measurement_was_too_noisy(
+        busy_machine, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, _calibrate_args(tiny_model_dir, tmp_path, out))
+    assert result.exit_code == 0, result.output
+    assert "entmtp: warning: latency measurement: too noisy" in result.stderr
+    latency = LatencyModel.load(out / "latency.json")
+    assert latency.warnings[0].startswith("too noisy")
+    assert latency.hardware["remeasure_passes"] == 2
+    report = (out / "report.md").read_text()
+    assert "fails its checks" in report and "too noisy" in report
+    bundle = load_bundle(out / "bundle.json")
+    assert bundle.latency.warnings == latency.warnings  # the bundle carries them too
+    # no switching schedule rides on that noise
+    assert len(bundle.trees) == 1
+
+
+def test_calibrate_strict_refuses_a_too_noisy_measurement(busy_machine, tiny_model_dir,
+                                                          tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*_calibrate_args(tiny_model_dir, tmp_path, out), "--strict"])
+    assert result.exit_code == 2, result.output
+    (line,) = [li for li in result.stderr.splitlines() if li.strip()]
+    assert line.startswith("entmtp: error:") and "--strict" in line
+    assert "too noisy" in line and "entmtp latency" in line
+    assert not (out / "latency.json").exists() and not (out / "bundle.json").exists()

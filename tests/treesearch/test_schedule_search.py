@@ -356,3 +356,43 @@ def test_a_schedule_fitted_to_noise_ships_the_static_tree():
     assert checked.schedule == Schedule.static(candidates[checked.best_static_index])
     assert checked.result.time_ms == checked.best_static.time_ms
     assert checked.study.best_trial is None
+
+
+# -- the latency model's noise ------------------------------------------------------------------
+
+
+def _with_spread(latency: LatencyModel, relative_iqr: float, rounds: int = 16) -> LatencyModel:
+    """``latency`` with one measured point per knot whose rounds spread by ``relative_iqr``."""
+    from dataclasses import replace
+
+    from entmtp.treesearch._latency import LatencyPoint
+
+    points = tuple(LatencyPoint("tree", 128, v, v, relative_iqr * v, rounds, nodes=n)
+                   for n, v in zip(latency.nodes, latency.verify_ms, strict=True))
+    points += (LatencyPoint("autoregressive", 128, latency.autoregressive_ms,
+                            latency.autoregressive_ms, relative_iqr * latency.autoregressive_ms,
+                            rounds),)
+    return replace(latency, points=points, hardware={"kind": "measured"})
+
+
+def test_a_gain_within_the_latency_noise_ships_the_static_tree():
+    profile = synthetic_profile(num_traces=12, positions=200, seed=3)
+    candidates = candidates_for(profile)
+    quiet = _with_spread(LatencyModel.cpu_like(), 0.001)
+    kept = calibrate_schedule(profile, candidates, quiet, n_trials=40, seed=0)
+    assert len(kept.schedule.trees) > 1 and kept.noise is not None and kept.noise.passed
+    gain = kept.gain_over_static
+    assert kept.noise.gain == pytest.approx(gain) and kept.noise.bound < gain
+    # a spread wide enough that the noise could produce that gain
+    eps_needed = (gain - 1.0) / (3 * np.sqrt(2))  # relative standard error at the bound
+    noisy = _with_spread(LatencyModel.cpu_like(), 1.2 * eps_needed * 1.349 * 4)
+    assert noisy.noise_gain_bound() > gain
+    shipped = calibrate_schedule(profile, candidates, noisy, n_trials=40, seed=0)
+    assert shipped.noise is not None and not shipped.noise.passed
+    assert shipped.schedule.num_buckets == 1
+    assert shipped.schedule.trees[0] == candidates[shipped.best_static_index]
+    assert shipped.result.time_ms == shipped.best_static.time_ms
+    # no spread measured: the check cannot apply, and says so
+    unmeasured = calibrate_schedule(profile, candidates, LatencyModel.cpu_like(), n_trials=40,
+                                    seed=0)
+    assert unmeasured.noise.bound is None and unmeasured.noise.passed
