@@ -1,0 +1,485 @@
+"""Static-shape decoding steps: one step object per tree, graph-ready, one readback per step.
+
+``StaticEngine`` owns a preallocated KV cache (``StaticLlama``'s, sized for prompt + max new
+tokens + the largest tree) and the decoding state as persistent device buffers: the pending
+token, the hidden state of the last cached position and the past length. For each tree of a
+scheduler (the empty tree, i.e. the autoregressive step, included) it builds one ``TreeStep``
+whose index tensors come from the tree's ``TreePlan``. A step drafts (the ``Drafter``), verifies
+(one forward over the tree), accepts greedily (the longest path of nodes whose token is the
+argmax of their parent's logits, ties to the first leaf, as ``greedy_accept``), compacts the
+accepted path inside the cache (``compact_static_cache``) and updates the state buffers, all as
+tensor ops of fixed shapes with no host sync. Its outputs stay on the device until the host reads
+them once: ``out_ints`` = [accepted length, next token, tokens of the accepted path padded to
+depth + 1] and ``out_floats`` = [base entropies of the accepted path's logits (base-signal
+schedules), head 1's entropy at the new state (a fused empty step)].
+
+The step structure is the eager decoder's (runtime/_decode.py), so the latency model describes
+both: a draft-entropy schedule runs a ``PrepareStep`` (the heads' first results and head 1's
+entropy, read back before the tree is chosen) unless the previous step was a fused empty step
+(Medusa heads sharing the lm_head: one projection of ``[hidden; head features]`` gives the next
+token and the next step's prepared heads, ``fused_empty_ms``).
+
+The accepted path is committed whole. The host cuts drafts after an EOS or past
+``max_new_tokens``, which only happens on a generation's last step, so the state the cut would
+change is never read again.
+
+On CUDA with ``graphs`` each step is captured as a CUDA graph on first use (warm-up on a side
+stream, then capture; the state buffers are restored after every warm-up run) and replayed;
+attention then reads the whole static cache under a mask that blocks the unfilled slots. On the
+CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
+cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._tree import Tree
+
+from ._drafter import Drafter, MedusaDrafter, Prepared
+from ._scheduler import StaticScheduler
+from ._static_model import StaticLlama, compact_static_cache
+from ._tree_attention import TreePlan, tree_plan
+
+WINDOWS = ("filled", "full")
+CAPACITY_QUANTUM = 128  # the cache grows in whole multiples: fewer re-captures
+GRAPH_WARMUP_RUNS = 2
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    """One CUDA graph capture."""
+
+    step: str  # which step: "tree q=<nodes+1> depth=<d>" or "prepare"
+    capture_ms: float  # warm-up + capture wall time
+    memory_bytes: int  # growth of the CUDA caching allocator's reserved memory
+
+
+@dataclass(frozen=True)
+class StepReadback:
+    """What the host reads after a step."""
+
+    length: int  # accepted path length, root included
+    next_token: int
+    path_tokens: list[int]  # tokens of the accepted path, root first
+    base_entropies: list[float]  # of the path's logits (empty unless requested)
+    draft_entropy: float  # head 1's entropy at the new state (nan unless the step prepared)
+
+
+class StaticEngine:
+    """Static-shape steps for ``model`` drafting with ``drafter`` (None: autoregressive only).
+
+    ``topk``: candidates per head for the trees' plans. ``graphs``: capture steps as CUDA
+    graphs (CUDA only; ignored elsewhere). ``window``: ``filled`` (attend over the filled cache
+    slots only; CPU default) or ``full`` (the whole cache under a mask: fixed shapes; CUDA
+    default, required for graphs).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, drafter: Drafter | None, *, topk: int | tuple[int, ...] = 1,
+        graphs: bool = True, window: str | None = None,
+    ) -> None:
+        self.net = StaticLlama(model)
+        self.drafter = drafter
+        self.topk = topk
+        self.device, self.dtype = self.net.device, self.net.dtype
+        self.graphs = bool(graphs) and self.device.type == "cuda"
+        if window is None:
+            window = "full" if self.device.type == "cuda" else "filled"
+        if window not in WINDOWS:
+            raise EntmtpError(f"window {window!r} is unknown: use one of {', '.join(WINDOWS)}")
+        if self.graphs and window != "full":
+            raise EntmtpError("CUDA graphs need window='full' (fixed shapes)")
+        self.full_window = window == "full"
+        self.cache: torch.Tensor | None = None  # [layers, 2, kv_heads, capacity, head_dim]
+        self.columns: torch.Tensor | None = None  # [capacity] int64: arange(capacity)
+        self.capacity = 0
+        self.generation = 0  # bumped when the cache is reallocated: graphs capture its address
+        device = self.device
+        self.pending = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
+        self.hidden = torch.zeros(1, self.net.hidden_size, dtype=self.dtype, device=device)
+        self.past_len = torch.zeros((), dtype=torch.int64, device=device)  # []
+        self.prepared: torch.Tensor | None = None  # [rows, V] heads' first logits (draft signal)
+        self.prepared_depth = 0
+        self._steps: dict[tuple, TreeStep] = {}
+        self._prepare_steps: dict[int, PrepareStep] = {}
+        self.capture_log: list[CaptureRecord] = []
+
+    # -- buffers ---------------------------------------------------------------------------
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` cache slots (reallocating drops every captured graph)."""
+        if capacity <= self.capacity:
+            return
+        capacity = -(-capacity // CAPACITY_QUANTUM) * CAPACITY_QUANTUM
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = self.net.new_cache(capacity)
+        self.columns = torch.arange(capacity, device=self.device)
+        self.capacity = capacity
+        self.generation += 1
+
+    def reserve_prepared(self, max_depth: int) -> None:
+        """The buffer of the heads' first results for trees of depth <= ``max_depth``."""
+        drafter = self.drafter
+        rows = max(int(max_depth), 1) if isinstance(drafter, MedusaDrafter) else 1
+        depth = rows if isinstance(drafter, MedusaDrafter) else drafter.heads.num_heads
+        if self.prepared is not None and self.prepared.shape[0] == rows:
+            return
+        heads = drafter.heads
+        dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
+            else self.dtype
+        self.prepared = torch.zeros(rows, heads.vocab_size, dtype=dtype, device=self.device)
+        self.prepared_depth = depth
+        self.generation += 1
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        tensors = [self.pending, self.hidden, self.past_len]
+        return tensors + ([self.prepared] if self.prepared is not None else [])
+
+    # -- steps -----------------------------------------------------------------------------
+    def tree_step(self, tree: Tree, *, base_entropy: bool = False, use_prepared: bool = False,
+                  fuse_depth: int = 0) -> TreeStep:
+        """The (cached) step of ``tree``. ``fuse_depth`` > 0: a fused empty step that also
+        prepares heads 1..fuse_depth for the next step (Medusa heads sharing the lm_head)."""
+        plan = tree_plan(tree, self.topk, self.device)
+        key = (id(plan), base_entropy, use_prepared, fuse_depth)
+        step = self._steps.get(key)
+        if step is None:
+            step = TreeStep(self, plan, base_entropy=base_entropy, use_prepared=use_prepared,
+                            fuse_depth=fuse_depth)
+            self._steps[key] = step
+        return step
+
+    def prepare_step(self, max_depth: int) -> PrepareStep:
+        step = self._prepare_steps.get(max_depth)
+        if step is None:
+            step = PrepareStep(self, max_depth)
+            self._prepare_steps[max_depth] = step
+        return step
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Run ``prompt`` [P] into an empty cache; set the state; return its last logits [V].
+
+        Not captured (its shape is the prompt's). The pending token is the logits' argmax.
+        """
+        length = int(prompt.shape[0])
+        positions = torch.arange(length, device=self.device)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
+        if self.full_window:
+            mask = torch.zeros(length, self.capacity, dtype=torch.bool, device=self.device)
+            mask[:, :length] = causal
+            kv_len = None
+        else:
+            mask, kv_len = causal, length
+        hidden = self.net.backbone(self.cache, prompt, positions, positions, mask, kv_len)
+        last = hidden[-1:]
+        logits = self.net.logits(last)[0]
+        self.pending.copy_(logits.argmax().reshape(1))
+        self.hidden.copy_(last)
+        self.past_len.fill_(length)
+        return logits
+
+    def run(self, step: TreeStep | PrepareStep, past_len: int) -> None:
+        """Run ``step`` at host-known ``past_len`` (replaying its graph when graphs are on)."""
+        if not self.graphs:
+            step.body(past_len)
+            return
+        if step.graph is None or step.graph_generation != self.generation:
+            step.graph = None
+            step.graph = self._capture(step)
+            step.graph_generation = self.generation
+        step.graph.replay()
+
+    def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
+        """Warm up ``step`` on a side stream, restoring the state after each run, then capture.
+
+        The warm-up writes cache slots at and after the past length only, which the replayed
+        step writes again before reading them.
+        """
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved(self.device)
+        start = time.perf_counter()
+        saved = [t.clone() for t in self.state_tensors()]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_RUNS):
+                step.body(None)
+                for tensor, value in zip(self.state_tensors(), saved, strict=True):
+                    tensor.copy_(value)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step.body(None)
+        torch.cuda.synchronize()
+        self.capture_log.append(CaptureRecord(
+            step.name, (time.perf_counter() - start) * 1000.0,
+            torch.cuda.memory_reserved(self.device) - reserved,
+        ))
+        return graph
+
+
+class TreeStep:
+    """Draft, verify, accept and compact one tree (``plan``) from the engine's state buffers."""
+
+    def __init__(self, engine: StaticEngine, plan: TreePlan, *, base_entropy: bool,
+                 use_prepared: bool, fuse_depth: int) -> None:
+        if plan.depth and engine.drafter is None:
+            raise EntmtpError("a tree with drafted nodes needs draft heads")
+        if fuse_depth and (plan.num_nodes or not isinstance(engine.drafter, MedusaDrafter)):
+            raise EntmtpError("only an empty tree with Medusa heads fuses the next preparation")
+        self.engine = engine
+        self.plan = plan
+        self.base_entropy = base_entropy
+        self.use_prepared = use_prepared
+        self.fuse_depth = int(fuse_depth)
+        self.name = f"tree q={plan.size} depth={plan.depth}" + (" fused" if fuse_depth else "")
+        device = engine.device
+        width = plan.depth + 1
+        self.slots = torch.arange(plan.size, device=device)  # [q] cache slot offsets
+        self.keep_slots = torch.arange(width, device=device)  # [D+1]
+        self.root_only = self.slots == 0  # [q] bool
+        self.out_ints = torch.zeros(2 + width, dtype=torch.int64, device=device)
+        self.out_floats = torch.full((width + 1,), math.nan, dtype=torch.float32, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_generation = -1
+
+    def readback(self) -> StepReadback:
+        """The host's one read of the step's outputs (the only sync of a step)."""
+        ints = self.out_ints.tolist()
+        floats = self.out_floats.tolist() if self.base_entropy or self.fuse_depth else []
+        length = ints[0]
+        return StepReadback(
+            length=length, next_token=ints[1], path_tokens=ints[2 : 2 + length],
+            base_entropies=floats[:length] if self.base_entropy else [],
+            draft_entropy=floats[-1] if self.fuse_depth else math.nan,
+        )
+
+    # The three phases: ``body`` runs them in a row; a timed run syncs between them.
+    def draft(self) -> torch.Tensor:
+        """Tokens [q] of the tree's nodes, root first."""
+        engine, plan = self.engine, self.plan
+        if plan.depth == 0:
+            return engine.pending
+        prepared = Prepared(engine.prepared_depth, engine.prepared) if self.use_prepared else None
+        return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
+
+    def verify(self, tokens: torch.Tensor, past_len: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Hidden states [q, H] and logits [q, V] of the tree; with ``fuse_depth`` also the next
+        step's prepared heads [fuse_depth, V]."""
+        engine, plan = self.engine, self.plan
+        past = engine.past_len
+        mask, kv_len = self._mask(past_len)
+        hidden = engine.net.backbone(engine.cache, tokens, plan.depths + past, self.slots + past,
+                                     mask, kv_len)
+        if self.fuse_depth:
+            logits, prepared = engine.drafter.project_with_base(hidden, self.fuse_depth)
+            return hidden, logits, prepared.logits
+        return hidden, engine.net.logits(hidden), None
+
+    def _mask(self, past_len: int | None) -> tuple[torch.Tensor | None, int | None]:
+        engine, plan = self.engine, self.plan
+        if not engine.full_window:
+            if past_len is None:
+                raise EntmtpError("a filled-window step needs the host's past length")
+            if plan.size == 1:
+                return None, past_len + 1
+            return plan.attention_mask(past_len, engine.dtype)[0, 0], past_len + plan.size
+        relative = engine.columns - engine.past_len  # [capacity]: slot - past length
+        in_tree = (relative >= 0) & (relative < plan.size)
+        tree_part = plan.tree_mask.index_select(1, relative.clamp(0, plan.size - 1))
+        return (relative < 0)[None, :] | (tree_part & in_tree[None, :]), None
+
+    def accept(self, tokens: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
+               prepared: torch.Tensor | None) -> None:
+        """Greedy acceptance, compaction, outputs and the state update (tensor ops only)."""
+        engine, plan = self.engine, self.plan
+        argmax = logits.argmax(dim=-1)  # [q]
+        if plan.num_nodes == 0:
+            length = self.out_ints.new_ones(1)
+            path = self.keep_slots  # [1]: the root
+            next_token = argmax
+            leaf_hidden = hidden
+        else:
+            node_ok = (tokens == argmax[plan.parents]) | self.root_only
+            rows = node_ok[plan.retrieve] & plan.retrieve_valid  # [leaves, D+1]
+            lengths = rows.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [leaves]
+            best = lengths.argmax().reshape(1)  # the first longest, as greedy_accept
+            length = lengths.index_select(0, best)  # [1]
+            path = plan.retrieve.index_select(0, best)[0]  # [D+1], 0-padded
+            leaf = path.gather(0, length - 1)  # [1]
+            next_token = argmax.index_select(0, leaf)
+            leaf_hidden = hidden.index_select(0, leaf)
+            compact_static_cache(engine.cache, engine.past_len, path, self.keep_slots)
+        self.out_ints.copy_(torch.cat([length, next_token, tokens.index_select(0, path)]))
+        width = plan.depth + 1
+        if self.base_entropy:
+            self.out_floats[:width].copy_(entropy_from_logits(logits.index_select(0, path)))
+        if prepared is not None:
+            engine.prepared.copy_(prepared)
+            self.out_floats[width:].copy_(entropy_from_logits(prepared[:1]))
+        engine.pending.copy_(next_token)
+        engine.hidden.copy_(leaf_hidden)
+        engine.past_len.add_(length[0])
+
+    def body(self, past_len: int | None) -> None:
+        tokens = self.draft()
+        hidden, logits, prepared = self.verify(tokens, past_len)
+        self.accept(tokens, hidden, logits, prepared)
+
+    def timed(self, past_len: int, clock: Callable[[], float]) -> tuple[float, float, float]:
+        """``body`` with a clock read (a device sync) after each phase: draft, verify and
+        bookkeeping milliseconds. Never captured."""
+        t0 = clock()
+        tokens = self.draft()
+        t1 = clock()
+        hidden, logits, prepared = self.verify(tokens, past_len)
+        t2 = clock()
+        self.accept(tokens, hidden, logits, prepared)
+        t3 = clock()
+        return t1 - t0, t2 - t1, t3 - t2
+
+
+class PrepareStep:
+    """The heads' first results at the state (for trees of depth <= ``max_depth``) into the
+    engine's prepared buffer, and head 1's entropy into ``out_floats`` [1]."""
+
+    def __init__(self, engine: StaticEngine, max_depth: int) -> None:
+        self.engine = engine
+        self.max_depth = int(max_depth)
+        self.name = "prepare"
+        self.out_floats = torch.zeros(1, dtype=torch.float32, device=engine.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_generation = -1
+
+    def body(self, past_len: int | None) -> None:
+        engine = self.engine
+        prepared = engine.drafter.prepare(engine.pending, engine.hidden, self.max_depth)
+        engine.prepared.copy_(prepared.logits)
+        self.out_floats.copy_(entropy_from_logits(prepared.logits[:1]))
+
+    def readback(self) -> float:
+        return self.out_floats.tolist()[0]
+
+
+def static_generate(
+    engine: StaticEngine,
+    prompt: torch.Tensor,
+    scheduler,
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    fuse_empty: bool = False,
+    breakdown: bool = False,
+    on_step=None,
+):
+    """Greedy decoding on ``engine``'s static steps; the eager ``generate``'s result and logs.
+
+    Without ``breakdown`` a step is timed by one clock read after its readback (which already
+    waited for the device) and its whole time is logged as ``verify_ms``; with it, each phase is
+    timed with a device sync in between (uncaptured), as the eager path logs it.
+    """
+    from ._decode import DecodeResult, StepLog, _cut  # the eager decoder's records
+
+    eos = frozenset(int(t) for t in eos_token_ids)
+    by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+    # A static tree's scheduler reads no entropies: skip computing them.
+    base_signal = not by_draft and not isinstance(scheduler, StaticScheduler)
+    max_depth = max((tree.depth for tree in scheduler.trees), default=0)
+    fuse = by_draft and fuse_empty
+    max_q = max(tree.num_nodes + 1 for tree in scheduler.trees)
+    engine.reserve(int(prompt.shape[0]) + max_new_tokens + max_q)
+    if by_draft:
+        engine.reserve_prepared(max_depth)
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
+
+    def now() -> float:
+        return time.perf_counter() * 1000.0
+
+    def synced_now() -> float:
+        if sync is not None:
+            sync()
+        return now()
+
+    start = now()
+    last_logits = engine.prefill(prompt)
+    if base_signal:
+        h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
+                                 last_logits.argmax().float()]).tolist()
+    else:
+        first, h0 = int(last_logits.argmax()), math.nan
+    tokens = [int(first)]
+    past_len = int(prompt.shape[0])
+    scheduler.reset()
+    if not by_draft:
+        scheduler.observe([h0])
+    prefill_ms = now() - start
+    if on_step is not None:
+        on_step(None, list(tokens))
+
+    log: list = []
+    ready: float | None = None  # head 1's entropy prepared by the previous (fused) step
+    decode_start = now()
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
+        t0 = now()
+        emitted_before = len(tokens)
+        prepare_ms = 0.0
+        if by_draft:
+            draft_entropy, ready = ready, None
+            if draft_entropy is None:
+                preparing = engine.prepare_step(max_depth)
+                engine.run(preparing, past_len)
+                draft_entropy = preparing.readback()
+                prepare_ms = now() - t0
+            scheduler.observe_draft(draft_entropy)
+        choice = scheduler.choose()
+        tree = choice.tree
+        fuse_depth = max(max_depth, 1) if fuse and tree.num_nodes == 0 else 0
+        step = engine.tree_step(tree, base_entropy=base_signal, use_prepared=by_draft,
+                                fuse_depth=fuse_depth)
+        t1 = now()
+        if breakdown:
+            draft_ms, verify_ms, accept_ms = step.timed(past_len, synced_now)
+        else:
+            engine.run(step, past_len)
+        out = step.readback()
+        past_len += out.length
+        drafts = _cut(out.path_tokens[1:], max_new_tokens - len(tokens), eos)
+        position = len(tokens) - 1
+        tokens.extend(drafts)
+        if len(tokens) < max_new_tokens and tokens[-1] not in eos:
+            tokens.append(out.next_token)
+        if base_signal:
+            scheduler.observe(out.base_entropies[: len(drafts) + 1])
+        if fuse_depth:
+            ready = out.draft_entropy
+        t2 = now()
+        if not breakdown:
+            draft_ms, verify_ms, accept_ms = 0.0, t2 - t1, 0.0
+        else:
+            accept_ms += t2 - t1 - (draft_ms + verify_ms + accept_ms)
+        log.append(StepLog(
+            position=position,
+            entropy_estimate=choice.estimate,
+            tree_index=choice.index,
+            num_nodes=tree.num_nodes,
+            depth=tree.depth,
+            accept_length=len(tokens) - emitted_before,
+            draft_ms=prepare_ms + draft_ms,
+            verify_ms=verify_ms,
+            bookkeeping_ms=(t1 - t0 - prepare_ms) + accept_ms,
+        ))
+        if on_step is not None:
+            on_step(log[-1], tokens[emitted_before:])
+    decode_ms = now() - decode_start
+    return DecodeResult(tokens=tokens, steps=len(log),
+                        accept_lengths=[s.accept_length for s in log], prefill_ms=prefill_ms,
+                        decode_ms=decode_ms, step_log=log)
