@@ -69,7 +69,7 @@ class StaticLlama:
         if reason is not None:
             raise EntmtpError(f"the static-shape runtime cannot run this model: {reason}")
         decoder = model.get_decoder()
-        self.model = model
+        # No reference to the model object itself: engines cached per model hold it weakly.
         self.embed = decoder.embed_tokens
         self.layers = list(decoder.layers)
         self.norm = decoder.norm
