@@ -31,6 +31,13 @@ call); the next token is the argmax of the same row, up to the projection kernel
 rounding. Such a step logs the heads' features and the projection in ``verify_ms``; the step
 after it logs no preparation in ``draft_ms``. The replay books this with the latency model's
 ``fused_empty_ms``.
+
+Greedy ``generate`` and ``autoregressive_generate`` run these same steps on the static-shape
+runtime (runtime/_static_step.py) for Llama-family models: same positions, trees, accept lengths
+and logs, with the whole step time in ``verify_ms`` unless ``breakdown`` is asked for. The
+methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` below are the
+eager runtime's (a transformers forward over a ``DynamicCache``), used for the sampling modes,
+for other models, with ``engine="eager"``, and by the latency profiler.
 """
 
 from __future__ import annotations

@@ -119,3 +119,25 @@ def test_compaction_equals_brute_force():
         compact_static_cache(cache, torch.tensor(past), padded, torch.arange(len(padded)))
         torch.testing.assert_close(cache[..., : past + length, :],
                                    expected[..., : past + length, :], rtol=0, atol=0)
+
+
+def test_cpu_linears_keep_the_few_row_kernel(rt, monkeypatch):
+    import entmtp.calibrate._row_gemm as row_gemm
+
+    model = rt.sharp_llama(2)
+    linears = row_gemm.use_few_row_kernel(model)
+    calls = []
+    real = row_gemm.project_rows
+
+    def counting(features, weight, bias):
+        calls.append(features.shape[-2])
+        return real(features, weight, bias)
+
+    monkeypatch.setattr(row_gemm, "project_rows", counting)
+    static = StaticLlama(model)
+    cache = static.new_cache(16)
+    with torch.inference_mode():
+        hidden = static.backbone(cache, torch.tensor([5, 6, 7]), torch.arange(3),
+                                 torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril(), 3)
+        static.logits(hidden)
+    assert linears == 7 * len(static.layers) + 1 and calls == [3] * linears
