@@ -147,10 +147,12 @@ class StaticEngine:
                   fuse_depth: int = 0) -> TreeStep:
         """The (cached) step of ``tree``. ``fuse_depth`` > 0: a fused empty step that also
         prepares heads 1..fuse_depth for the next step (Medusa heads sharing the lm_head)."""
-        plan = tree_plan(tree, self.topk, self.device)
-        key = (id(plan), base_entropy, use_prepared, fuse_depth)
+        # Keyed by the tree's paths (Tree compares by value): equal trees of different
+        # schedulers share one step and its graph.
+        key = (tree, base_entropy, use_prepared, fuse_depth)
         step = self._steps.get(key)
         if step is None:
+            plan = tree_plan(tree, self.topk, self.device)
             step = TreeStep(self, plan, base_entropy=base_entropy, use_prepared=use_prepared,
                             fuse_depth=fuse_depth)
             self._steps[key] = step

@@ -235,3 +235,94 @@ def test_unsupported_models_stay_eager_and_say_so(rt):
     assert "static-shape runtime (no graphs on cpu)" in supported.runtime_note
     assert "sampling" in supported.runtime_note
 
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda's graph API on the CPU: capture records the step bodies run
+    inside it and undoes what they did (a real capture executes nothing); replay runs them."""
+
+    def __init__(self, engine, monkeypatch):
+        from contextlib import nullcontext
+
+        import entmtp.runtime._static_step as static_step
+
+        self.engine = engine
+        self.recording = None
+        self.captures = 0
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                for call in self.calls:
+                    call()
+
+        class Capture:
+            def __init__(self, graph):
+                self.graph = graph
+
+            def __enter__(self):
+                fake.saved = [t.clone() for t in [*engine.state_tensors(), engine.cache]]
+                fake.recording = self.graph
+                fake.captures += 1
+
+            def __exit__(self, *exc):
+                fake.recording = None
+                for tensor, value in zip([*engine.state_tensors(), engine.cache], fake.saved,
+                                         strict=True):
+                    tensor.copy_(value)
+
+        class Stream:
+            def __init__(self, *args):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        for cls in (static_step.TreeStep, static_step.PrepareStep):
+            original = cls.body
+
+            def body(step, past_len, original=original):
+                if fake.recording is not None:
+                    fake.recording.calls.append(lambda: original(step, None))
+                original(step, past_len)
+
+            monkeypatch.setattr(cls, "body", body)
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(cuda, "graph", Capture)
+        monkeypatch.setattr(cuda, "Stream", Stream)
+        monkeypatch.setattr(cuda, "stream", lambda s: nullcontext())
+        monkeypatch.setattr(cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: 0)
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
+                                                   ("hydra", BASE_ENTROPY)])
+def test_graph_bookkeeping_captures_each_step_once_and_replays_it(rt, setup, head_type, signal,
+                                                                  monkeypatch):
+    """With graph capture emulated on the CPU: warm-up leaves the state as it was, each step is
+    captured once and replayed, and a grown cache re-captures."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.graphs = True  # as on CUDA
+    fake = _FakeCuda(engine, monkeypatch)
+    trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+        (TREES["empty"], TREES["mc_sim_7b_63"])
+    schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+    for prompt in PROMPTS:
+        got = decoder.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+    captured = [record.step for record in engine.capture_log]
+    assert len(captured) == len(set(captured)) == fake.captures >= 2  # once per step object
+    engine.reserve(engine.capacity + 1)  # a new cache: every graph is captured again
+    decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
+    assert fake.captures > len(captured)
