@@ -401,12 +401,6 @@ class SpeculativeDecoder:
         if max_new_tokens == 0:
             _as_prompt(input_ids, self.device)
             return DecodeResult([], 0, [], 0.0, 0.0)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed))
-        accept = self.accept_fn(mode, temperature=temperature, generator=generator,
-                                posterior_threshold=posterior_threshold,
-                                posterior_alpha=posterior_alpha)
-
         static = self.static_engine if mode == "greedy" else None
         if static is not None:
             return static_generate(
@@ -414,6 +408,11 @@ class SpeculativeDecoder:
                 max_new_tokens=max_new_tokens, eos_token_ids=eos, fuse_empty=self.fuses_empty,
                 breakdown=self.breakdown, on_step=on_step,
             )
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(seed))
+        accept = self.accept_fn(mode, temperature=temperature, generator=generator,
+                                posterior_threshold=posterior_threshold,
+                                posterior_alpha=posterior_alpha)
 
         def choose(logits: torch.Tensor) -> int:
             if mode == "greedy":

@@ -142,6 +142,16 @@ class StaticEngine:
         tensors = [self.pending, self.hidden, self.past_len]
         return tensors + ([self.prepared] if self.prepared is not None else [])
 
+    def save_state(self) -> list[torch.Tensor]:
+        """A copy of the state buffers. With ``restore_state`` a step can run again from the
+        same state (warm-up, timing): a step writes cache slots at or after the past length
+        only, which the next step writes before it reads them."""
+        return [t.clone() for t in self.state_tensors()]
+
+    def restore_state(self, saved: list[torch.Tensor]) -> None:
+        for tensor, value in zip(self.state_tensors(), saved, strict=True):
+            tensor.copy_(value)
+
     # -- steps -----------------------------------------------------------------------------
     def tree_step(self, tree: Tree, *, base_entropy: bool = False, use_prepared: bool = False,
                   fuse_depth: int = 0) -> TreeStep:
@@ -200,22 +210,19 @@ class StaticEngine:
         step.graph.replay()
 
     def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
-        """Warm up ``step`` on a side stream, restoring the state after each run, then capture.
-
-        The warm-up writes cache slots at and after the past length only, which the replayed
-        step writes again before reading them.
-        """
+        """Warm up ``step`` on a side stream, restoring the state after each run, then capture
+        (PyTorch's documented recipe: static inputs, allocations from the graph's own pool, no
+        host sync inside)."""
         torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved(self.device)
         start = time.perf_counter()
-        saved = [t.clone() for t in self.state_tensors()]
+        saved = self.save_state()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(GRAPH_WARMUP_RUNS):
                 step.body(None)
-                for tensor, value in zip(self.state_tensors(), saved, strict=True):
-                    tensor.copy_(value)
+                self.restore_state(saved)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
