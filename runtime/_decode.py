@@ -33,8 +33,10 @@ after it logs no preparation in ``draft_ms``. The replay books this with the lat
 ``fused_empty_ms``.
 
 Greedy ``generate`` and ``autoregressive_generate`` run these same steps on the static-shape
-runtime (runtime/_static_step.py) for Llama-family models: same positions, trees, accept lengths
-and logs, with the whole step time in ``verify_ms`` unless ``breakdown`` is asked for. The
+runtime (runtime/_static_step.py) for Llama-family models: same positions, trees, estimates,
+accept lengths and logs, with the whole step time in ``verify_ms`` unless ``breakdown`` is
+asked for. There a draft-entropy step prepares the next state's heads at its end (fused into the
+projection for an empty tree, as here), so the host reads everything once per step. The
 methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` below are the
 eager runtime's (a transformers forward over a ``DynamicCache``), used for the sampling modes,
 for other models, with ``engine="eager"``, and by the latency profiler.

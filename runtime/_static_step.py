@@ -11,13 +11,16 @@ accepted path inside the cache (``compact_static_cache``) and updates the state 
 tensor ops of fixed shapes with no host sync. Its outputs stay on the device until the host reads
 them once: ``out_ints`` = [accepted length, next token, tokens of the accepted path padded to
 depth + 1] and ``out_floats`` = [base entropies of the accepted path's logits (base-signal
-schedules), head 1's entropy at the new state (a fused empty step)].
+schedules), head 1's entropy at the new state (draft-entropy schedules)].
 
-The step structure is the eager decoder's (runtime/_decode.py), so the latency model describes
-both: a draft-entropy schedule runs a ``PrepareStep`` (the heads' first results and head 1's
-entropy, read back before the tree is chosen) unless the previous step was a fused empty step
-(Medusa heads sharing the lm_head: one projection of ``[hidden; head features]`` gives the next
-token and the next step's prepared heads, ``fused_empty_ms``).
+Draft-entropy schedules choose a step's tree from head 1's entropy at the step's state, so every
+step of such a schedule ends by preparing the next state (the heads' first results, as the eager
+``prepare``; a ``PrepareStep`` does it once after the prefill) and the host reads that entropy
+with the step's other outputs. An empty-tree step whose Medusa heads share the lm_head prepares
+in the same projection as its base logits (``[hidden; head features]``, the eager fused empty
+step, ``fused_empty_ms``). Per generation the heads run as often as in the eager runtime, plus
+one preparation after the last step; the latency model's per-step prepare cost (booked on the
+step it serves) describes the same work.
 
 The accepted path is committed whole. The host cuts drafts after an EOS or past
 ``max_new_tokens``, which only happens on a generation's last step, so the state the cut would
@@ -153,18 +156,23 @@ class StaticEngine:
             tensor.copy_(value)
 
     # -- steps -----------------------------------------------------------------------------
-    def tree_step(self, tree: Tree, *, base_entropy: bool = False, use_prepared: bool = False,
-                  fuse_depth: int = 0) -> TreeStep:
-        """The (cached) step of ``tree``. ``fuse_depth`` > 0: a fused empty step that also
-        prepares heads 1..fuse_depth for the next step (Medusa heads sharing the lm_head)."""
+    def tree_step(self, tree: Tree, *, base_entropy: bool = False, prepare_depth: int = 0,
+                  fuse: bool = False) -> TreeStep:
+        """The (cached) step of ``tree``.
+
+        ``base_entropy``: output the accepted path's base entropies. ``prepare_depth`` > 0
+        (draft-entropy schedules): draft from the prepared buffer and prepare the next state
+        for trees of depth <= ``prepare_depth``. ``fuse``: an empty tree whose Medusa heads
+        share the lm_head prepares in its base projection.
+        """
         # Keyed by the tree's paths (Tree compares by value): equal trees of different
         # schedulers share one step and its graph.
-        key = (tree, base_entropy, use_prepared, fuse_depth)
+        key = (tree, base_entropy, prepare_depth, fuse)
         step = self._steps.get(key)
         if step is None:
             plan = tree_plan(tree, self.topk, self.device)
-            step = TreeStep(self, plan, base_entropy=base_entropy, use_prepared=use_prepared,
-                            fuse_depth=fuse_depth)
+            step = TreeStep(self, plan, base_entropy=base_entropy, prepare_depth=prepare_depth,
+                            fuse=fuse)
             self._steps[key] = step
         return step
 
@@ -239,17 +247,20 @@ class TreeStep:
     """Draft, verify, accept and compact one tree (``plan``) from the engine's state buffers."""
 
     def __init__(self, engine: StaticEngine, plan: TreePlan, *, base_entropy: bool,
-                 use_prepared: bool, fuse_depth: int) -> None:
-        if plan.depth and engine.drafter is None:
+                 prepare_depth: int, fuse: bool) -> None:
+        if (plan.depth or prepare_depth) and engine.drafter is None:
             raise EntmtpError("a tree with drafted nodes needs draft heads")
-        if fuse_depth and (plan.num_nodes or not isinstance(engine.drafter, MedusaDrafter)):
+        if fuse and (plan.num_nodes or not prepare_depth
+                     or not isinstance(engine.drafter, MedusaDrafter)):
             raise EntmtpError("only an empty tree with Medusa heads fuses the next preparation")
         self.engine = engine
         self.plan = plan
         self.base_entropy = base_entropy
-        self.use_prepared = use_prepared
-        self.fuse_depth = int(fuse_depth)
-        self.name = f"tree q={plan.size} depth={plan.depth}" + (" fused" if fuse_depth else "")
+        self.prepare_depth = int(prepare_depth)
+        self.fuse = bool(fuse)
+        self.name = (f"tree q={plan.size} depth={plan.depth}"
+                     + (f" prepare={prepare_depth}" if prepare_depth else "")
+                     + (" fused" if fuse else ""))
         device = engine.device
         width = plan.depth + 1
         self.slots = torch.arange(plan.size, device=device)  # [q] cache slot offsets
@@ -263,34 +274,35 @@ class TreeStep:
     def readback(self) -> StepReadback:
         """The host's one read of the step's outputs (the only sync of a step)."""
         ints = self.out_ints.tolist()
-        floats = self.out_floats.tolist() if self.base_entropy or self.fuse_depth else []
+        floats = self.out_floats.tolist() if self.base_entropy or self.prepare_depth else []
         length = ints[0]
         return StepReadback(
             length=length, next_token=ints[1], path_tokens=ints[2 : 2 + length],
             base_entropies=floats[:length] if self.base_entropy else [],
-            draft_entropy=floats[-1] if self.fuse_depth else math.nan,
+            draft_entropy=floats[-1] if self.prepare_depth else math.nan,
         )
 
-    # The three phases: ``body`` runs them in a row; a timed run syncs between them.
+    # The phases: ``body`` runs them in a row; a timed run syncs between them.
     def draft(self) -> torch.Tensor:
         """Tokens [q] of the tree's nodes, root first."""
         engine, plan = self.engine, self.plan
         if plan.depth == 0:
             return engine.pending
-        prepared = Prepared(engine.prepared_depth, engine.prepared) if self.use_prepared else None
+        prepared = Prepared(engine.prepared_depth, engine.prepared) if self.prepare_depth \
+            else None
         return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
 
     def verify(self, tokens: torch.Tensor, past_len: int | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Hidden states [q, H] and logits [q, V] of the tree; with ``fuse_depth`` also the next
-        step's prepared heads [fuse_depth, V]."""
+        """Hidden states [q, H] and logits [q, V] of the tree; when fused also the next step's
+        prepared heads [prepare_depth, V]."""
         engine, plan = self.engine, self.plan
         past = engine.past_len
         mask, kv_len = self._mask(past_len)
         hidden = engine.net.backbone(engine.cache, tokens, plan.depths + past, self.slots + past,
                                      mask, kv_len)
-        if self.fuse_depth:
-            logits, prepared = engine.drafter.project_with_base(hidden, self.fuse_depth)
+        if self.fuse:
+            logits, prepared = engine.drafter.project_with_base(hidden, self.prepare_depth)
             return hidden, logits, prepared.logits
         return hidden, engine.net.logits(hidden), None
 
@@ -333,20 +345,25 @@ class TreeStep:
         if self.base_entropy:
             self.out_floats[:width].copy_(entropy_from_logits(logits.index_select(0, path)))
         if prepared is not None:
-            engine.prepared.copy_(prepared)
-            self.out_floats[width:].copy_(entropy_from_logits(prepared[:1]))
+            _store_prepared(engine, prepared, self.out_floats[width:])
         engine.pending.copy_(next_token)
         engine.hidden.copy_(leaf_hidden)
         engine.past_len.add_(length[0])
+
+    def prepare_next(self) -> None:
+        """The heads' first results at the new state (unless fused into ``verify``)."""
+        if self.prepare_depth and not self.fuse:
+            _prepare_into(self.engine, self.prepare_depth, self.out_floats[self.plan.depth + 1:])
 
     def body(self, past_len: int | None) -> None:
         tokens = self.draft()
         hidden, logits, prepared = self.verify(tokens, past_len)
         self.accept(tokens, hidden, logits, prepared)
+        self.prepare_next()
 
     def timed(self, past_len: int, clock: Callable[[], float]) -> tuple[float, float, float]:
-        """``body`` with a clock read (a device sync) after each phase: draft, verify and
-        bookkeeping milliseconds. Never captured."""
+        """``body`` with a clock read (a device sync) after each phase: draft (the next state's
+        preparation included), verify and bookkeeping milliseconds. Never captured."""
         t0 = clock()
         tokens = self.draft()
         t1 = clock()
@@ -354,7 +371,9 @@ class TreeStep:
         t2 = clock()
         self.accept(tokens, hidden, logits, prepared)
         t3 = clock()
-        return t1 - t0, t2 - t1, t3 - t2
+        self.prepare_next()
+        t4 = clock()
+        return (t1 - t0) + (t4 - t3), t2 - t1, t3 - t2
 
 
 class PrepareStep:
@@ -370,13 +389,22 @@ class PrepareStep:
         self.graph_generation = -1
 
     def body(self, past_len: int | None) -> None:
-        engine = self.engine
-        prepared = engine.drafter.prepare(engine.pending, engine.hidden, self.max_depth)
-        engine.prepared.copy_(prepared.logits)
-        self.out_floats.copy_(entropy_from_logits(prepared.logits[:1]))
+        _prepare_into(self.engine, self.max_depth, self.out_floats)
 
     def readback(self) -> float:
         return self.out_floats.tolist()[0]
+
+
+def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tensor) -> None:
+    """``prepare`` at the engine's state into its prepared buffer; head 1's entropy into
+    ``entropy_out`` [1]."""
+    prepared = engine.drafter.prepare(engine.pending, engine.hidden, max_depth)
+    _store_prepared(engine, prepared.logits, entropy_out)
+
+
+def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: torch.Tensor) -> None:
+    engine.prepared.copy_(logits)
+    entropy_out.copy_(entropy_from_logits(logits[:1]))
 
 
 def static_generate(
@@ -420,6 +448,11 @@ def static_generate(
 
     start = now()
     last_logits = engine.prefill(prompt)
+    draft_entropy = math.nan  # head 1's entropy at the next step's state (draft signal)
+    if by_draft:
+        preparing = engine.prepare_step(max_depth)
+        engine.run(preparing, int(prompt.shape[0]))
+        draft_entropy = preparing.readback()
     if base_signal:
         h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
                                  last_logits.argmax().float()]).tolist()
@@ -435,25 +468,17 @@ def static_generate(
         on_step(None, list(tokens))
 
     log: list = []
-    ready: float | None = None  # head 1's entropy prepared by the previous (fused) step
+    prepare_depth = max(max_depth, 1) if by_draft else 0
     decode_start = now()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         t0 = now()
         emitted_before = len(tokens)
-        prepare_ms = 0.0
         if by_draft:
-            draft_entropy, ready = ready, None
-            if draft_entropy is None:
-                preparing = engine.prepare_step(max_depth)
-                engine.run(preparing, past_len)
-                draft_entropy = preparing.readback()
-                prepare_ms = now() - t0
             scheduler.observe_draft(draft_entropy)
         choice = scheduler.choose()
         tree = choice.tree
-        fuse_depth = max(max_depth, 1) if fuse and tree.num_nodes == 0 else 0
-        step = engine.tree_step(tree, base_entropy=base_signal, use_prepared=by_draft,
-                                fuse_depth=fuse_depth)
+        step = engine.tree_step(tree, base_entropy=base_signal, prepare_depth=prepare_depth,
+                                fuse=fuse and tree.num_nodes == 0)
         t1 = now()
         if breakdown:
             draft_ms, verify_ms, accept_ms = step.timed(past_len, synced_now)
@@ -468,8 +493,7 @@ def static_generate(
             tokens.append(out.next_token)
         if base_signal:
             scheduler.observe(out.base_entropies[: len(drafts) + 1])
-        if fuse_depth:
-            ready = out.draft_entropy
+        draft_entropy = out.draft_entropy
         t2 = now()
         if not breakdown:
             draft_ms, verify_ms, accept_ms = 0.0, t2 - t1, 0.0
@@ -482,9 +506,9 @@ def static_generate(
             num_nodes=tree.num_nodes,
             depth=tree.depth,
             accept_length=len(tokens) - emitted_before,
-            draft_ms=prepare_ms + draft_ms,
+            draft_ms=draft_ms,
             verify_ms=verify_ms,
-            bookkeeping_ms=(t1 - t0 - prepare_ms) + accept_ms,
+            bookkeeping_ms=(t1 - t0) + accept_ms,
         ))
         if on_step is not None:
             on_step(log[-1], tokens[emitted_before:])

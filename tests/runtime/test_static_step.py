@@ -198,9 +198,10 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
     engine.reserve_prepared(NUM_HEADS)
     engine.prefill(torch.tensor(PROMPTS[0]))
     steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
-    steps += [engine.tree_step(TREES["deep"], use_prepared=True), engine.prepare_step(4)]
+    steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
+              engine.tree_step(TREES["empty"], prepare_depth=4)]
     if head_type == "medusa":
-        steps.append(engine.tree_step(TREES["empty"], use_prepared=True, fuse_depth=4))
+        steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
     forbid_host_sync()
     with torch.inference_mode():
         for step in steps:
