@@ -247,6 +247,15 @@ class SpeculativeDecoder:
         """One line: which runtime greedy ``generate`` runs on, and why."""
         return _runtime_note(self.static_reason, self.device, self.graphs and not self.breakdown)
 
+    def warm_up(self, scheduler: Scheduler, *, max_context: int) -> None:
+        """Make the static runtime ready for ``scheduler``'s trees and contexts up to
+        ``max_context`` (prompt + new tokens): the cache is reserved and, with graphs, every
+        step captured now rather than on first use. Nothing to do on the eager runtime."""
+        for tree in scheduler.trees:
+            self.plan(tree)
+        if self.static_engine is not None:
+            self.static_engine.warm_up(scheduler, max_context, fuses_empty=self.fuses_empty)
+
     @property
     def static_engine(self) -> StaticEngine | None:
         """The static-shape runtime of greedy decoding (None: greedy decoding runs eagerly)."""

@@ -39,6 +39,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,9 +48,12 @@ from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Drafter, MedusaDrafter, Prepared
-from ._scheduler import StaticScheduler
+from ._scheduler import Scheduler, StaticScheduler
 from ._static_model import StaticLlama, compact_static_cache
 from ._tree_attention import TreePlan, tree_plan
+
+if TYPE_CHECKING:
+    from ._decode import DecodeResult, StepLog
 
 WINDOWS = ("filled", "full")
 CAPACITY_QUANTUM = 128  # the cache grows in whole multiples: fewer re-captures
@@ -63,6 +67,26 @@ class CaptureRecord:
     step: str  # which step: "tree q=<nodes+1> depth=<d>" or "prepare"
     capture_ms: float  # warm-up + capture wall time
     memory_bytes: int  # growth of the CUDA caching allocator's reserved memory
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Which variant of each tree's step a scheduler needs."""
+
+    base_entropy: bool  # output the accepted path's base entropies (base-signal schedules)
+    prepare_depth: int  # > 0: draft-entropy schedule; prepare the next state for this depth
+    fuse_empty: bool  # empty trees prepare in their base projection (Medusa, shared lm_head)
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, fuses_empty: bool) -> StepOptions:
+        by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        max_depth = max((tree.depth for tree in scheduler.trees), default=0)
+        return cls(
+            # A static tree's scheduler reads no entropies: skip computing them.
+            base_entropy=not by_draft and not isinstance(scheduler, StaticScheduler),
+            prepare_depth=max(max_depth, 1) if by_draft else 0,
+            fuse_empty=by_draft and fuses_empty,
+        )
 
 
 @dataclass(frozen=True)
@@ -176,6 +200,27 @@ class StaticEngine:
             self._steps[key] = step
         return step
 
+    def step_for(self, tree: Tree, options: StepOptions) -> TreeStep:
+        return self.tree_step(tree, base_entropy=options.base_entropy,
+                              prepare_depth=options.prepare_depth,
+                              fuse=options.fuse_empty and tree.num_nodes == 0)
+
+    def warm_up(self, scheduler: Scheduler, max_context: int, *, fuses_empty: bool = False
+                ) -> None:
+        """Reserve the cache for contexts up to ``max_context`` (prompt + new tokens) and build
+        every step ``scheduler`` may run; with graphs also capture them now, so that decoding
+        never pays a capture (else each step is captured on its first use)."""
+        options = StepOptions.of(scheduler, fuses_empty)
+        self.reserve(max_context + max(tree.num_nodes + 1 for tree in scheduler.trees))
+        steps: list[TreeStep | PrepareStep] = [self.step_for(t, options) for t in scheduler.trees]
+        if options.prepare_depth:
+            self.reserve_prepared(options.prepare_depth)
+            steps.append(self.prepare_step(options.prepare_depth))
+        if self.graphs:
+            with torch.inference_mode():
+                for step in steps:
+                    self._ensure_graph(step)
+
     def prepare_step(self, max_depth: int) -> PrepareStep:
         step = self._prepare_steps.get(max_depth)
         if step is None:
@@ -211,11 +256,14 @@ class StaticEngine:
         if not self.graphs:
             step.body(past_len)
             return
+        self._ensure_graph(step).replay()
+
+    def _ensure_graph(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
         if step.graph is None or step.graph_generation != self.generation:
             step.graph = None
             step.graph = self._capture(step)
             step.graph_generation = self.generation
-        step.graph.replay()
+        return step.graph
 
     def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
         """Warm up ``step`` on a side stream, restoring the state after each run, then capture
@@ -224,17 +272,23 @@ class StaticEngine:
         torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved(self.device)
         start = time.perf_counter()
-        saved = self.save_state()
+        original = self.save_state()
+        # The warm-up runs from the live state unless its past length (left by an earlier
+        # generation, whose cache the next prefill overwrites) leaves no room for the step's
+        # cache writes. Mid-generation the reserve always leaves that room.
+        self.past_len.clamp_(max=self.capacity - step.cache_width)
+        warm = self.save_state()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(GRAPH_WARMUP_RUNS):
                 step.body(None)
-                self.restore_state(saved)
+                self.restore_state(warm)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step.body(None)
+        self.restore_state(original)
         torch.cuda.synchronize()
         self.capture_log.append(CaptureRecord(
             step.name, (time.perf_counter() - start) * 1000.0,
@@ -258,6 +312,7 @@ class TreeStep:
         self.base_entropy = base_entropy
         self.prepare_depth = int(prepare_depth)
         self.fuse = bool(fuse)
+        self.cache_width = plan.size  # cache slots it writes after the past length
         self.name = (f"tree q={plan.size} depth={plan.depth}"
                      + (f" prepare={prepare_depth}" if prepare_depth else "")
                      + (" fused" if fuse else ""))
@@ -384,6 +439,7 @@ class PrepareStep:
         self.engine = engine
         self.max_depth = int(max_depth)
         self.name = "prepare"
+        self.cache_width = 0
         self.out_floats = torch.zeros(1, dtype=torch.float32, device=engine.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
@@ -410,32 +466,28 @@ def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: tor
 def static_generate(
     engine: StaticEngine,
     prompt: torch.Tensor,
-    scheduler,
+    scheduler: Scheduler,
     *,
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
     fuse_empty: bool = False,
     breakdown: bool = False,
-    on_step=None,
-):
+    on_step: Callable[[StepLog | None, list[int]], None] | None = None,
+) -> DecodeResult:
     """Greedy decoding on ``engine``'s static steps; the eager ``generate``'s result and logs.
 
-    Without ``breakdown`` a step is timed by one clock read after its readback (which already
-    waited for the device) and its whole time is logged as ``verify_ms``; with it, each phase is
-    timed with a device sync in between (uncaptured), as the eager path logs it.
+    ``fuse_empty``: the heads fuse with the base projection (``fuses_with_base``). Without
+    ``breakdown`` a step is timed by host clock reads with no device sync beyond its readback,
+    and its time from launch to readback is logged as ``verify_ms`` (choosing the tree as
+    ``bookkeeping_ms``); with it, each phase is timed with a device sync in between
+    (uncaptured), as the eager path logs it.
     """
     from ._decode import DecodeResult, StepLog, _cut  # the eager decoder's records
 
     eos = frozenset(int(t) for t in eos_token_ids)
-    by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
-    # A static tree's scheduler reads no entropies: skip computing them.
-    base_signal = not by_draft and not isinstance(scheduler, StaticScheduler)
-    max_depth = max((tree.depth for tree in scheduler.trees), default=0)
-    fuse = by_draft and fuse_empty
-    max_q = max(tree.num_nodes + 1 for tree in scheduler.trees)
-    engine.reserve(int(prompt.shape[0]) + max_new_tokens + max_q)
-    if by_draft:
-        engine.reserve_prepared(max_depth)
+    options = StepOptions.of(scheduler, fuse_empty)
+    by_draft, base_signal = options.prepare_depth > 0, options.base_entropy
+    engine.warm_up(scheduler, int(prompt.shape[0]) + max_new_tokens, fuses_empty=fuse_empty)
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
 
     def now() -> float:
@@ -450,7 +502,7 @@ def static_generate(
     last_logits = engine.prefill(prompt)
     draft_entropy = math.nan  # head 1's entropy at the next step's state (draft signal)
     if by_draft:
-        preparing = engine.prepare_step(max_depth)
+        preparing = engine.prepare_step(options.prepare_depth)
         engine.run(preparing, int(prompt.shape[0]))
         draft_entropy = preparing.readback()
     if base_signal:
@@ -467,8 +519,7 @@ def static_generate(
     if on_step is not None:
         on_step(None, list(tokens))
 
-    log: list = []
-    prepare_depth = max(max_depth, 1) if by_draft else 0
+    log: list[StepLog] = []
     decode_start = now()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         t0 = now()
@@ -477,8 +528,7 @@ def static_generate(
             scheduler.observe_draft(draft_entropy)
         choice = scheduler.choose()
         tree = choice.tree
-        step = engine.tree_step(tree, base_entropy=base_signal, prepare_depth=prepare_depth,
-                                fuse=fuse and tree.num_nodes == 0)
+        step = engine.step_for(tree, options)
         t1 = now()
         if breakdown:
             draft_ms, verify_ms, accept_ms = step.timed(past_len, synced_now)

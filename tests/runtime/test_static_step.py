@@ -327,3 +327,27 @@ def test_graph_bookkeeping_captures_each_step_once_and_replays_it(rt, setup, hea
     engine.reserve(engine.capacity + 1)  # a new cache: every graph is captured again
     decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
     assert fake.captures > len(captured)
+
+
+def test_warm_up_captures_every_step_before_decoding(rt, setup, monkeypatch):
+    """``warm_up`` captures all steps of a schedule up front, also right after a generation
+    that left a past length with no room for a larger tree (the warm-up then runs lower)."""
+    model, references = setup
+    heads = _noisy_heads(model, "medusa", scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    engine = decoder.static_engine
+    engine.graphs = True
+    fake = _FakeCuda(engine, monkeypatch)
+    long_prompt = torch.tensor(PROMPTS[2])
+    chain = StaticScheduler(TREES["chain"])
+    got = decoder.generate(long_prompt, chain, max_new_tokens=100)
+    assert engine.capacity == 128 and int(engine.past_len) + 64 > engine.capacity
+    assert got.tokens == eager.generate(long_prompt, chain, max_new_tokens=100).tokens
+    big = StaticScheduler(TREES["mc_sim_7b_63"])  # 64 tokens per step
+    decoder.warm_up(big, max_context=len(PROMPTS[1]) + 10)
+    assert engine.capacity == 128 and fake.captures == 2
+    before = fake.captures
+    short = decoder.generate(torch.tensor(PROMPTS[1]), big, max_new_tokens=10)
+    assert fake.captures == before  # nothing left to capture
+    assert short.tokens == references[tuple(PROMPTS[1])][:10]
