@@ -258,6 +258,18 @@ class StaticEngine:
             return
         self._ensure_graph(step).replay()
 
+    def timed_run(self, step: TreeStep | PrepareStep, past_len: int) -> float:
+        """Milliseconds of one run of ``step`` from the current state, launch to readback as
+        decoding runs it; the state is restored afterwards, so a profiler can time every tree at
+        one fixed context (the step writes cache slots at or after ``past_len`` only)."""
+        saved = self.save_state()
+        start = time.perf_counter()
+        self.run(step, past_len)
+        step.readback()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        self.restore_state(saved)
+        return elapsed
+
     def _ensure_graph(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
         if step.graph is None or step.graph_generation != self.generation:
             step.graph = None

@@ -351,3 +351,28 @@ def test_warm_up_captures_every_step_before_decoding(rt, setup, monkeypatch):
     short = decoder.generate(torch.tensor(PROMPTS[1]), big, max_new_tokens=10)
     assert fake.captures == before  # nothing left to capture
     assert short.tokens == references[tuple(PROMPTS[1])][:10]
+
+
+def test_timed_runs_repeat_the_same_step_from_the_same_state(rt, setup):
+    """What a latency profiler needs: any tree, many times, at one fixed context."""
+    model, _ = setup
+    heads = _noisy_heads(model, "hydra", scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    engine = decoder.static_engine
+    prompt = torch.tensor(PROMPTS[2])
+    decoder.warm_up(StaticScheduler(TREES["mc_sim_7b_63"]), max_context=40)
+    with torch.inference_mode():
+        engine.prefill(prompt)
+        past = len(prompt)
+        context = engine.cache[..., :past, :].clone()
+        state = engine.save_state()
+        for tree in (TREES["mc_sim_7b_63"], TREES["empty"], TREES["chain"]):
+            step = engine.tree_step(tree)
+            outputs = []
+            for _ in range(3):
+                engine.timed_run(step, past)
+                outputs.append(step.out_ints.tolist())
+                assert all(torch.equal(a, b) for a, b in zip(engine.state_tensors(), state,
+                                                              strict=True))
+                assert torch.equal(engine.cache[..., :past, :], context)
+            assert outputs[0] == outputs[1] == outputs[2]
