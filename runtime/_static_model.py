@@ -27,6 +27,8 @@ from entmtp.treesearch._errors import EntmtpError
 # MLP), and rope types whose inverse frequencies never change with the sequence length.
 STATIC_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# SDPA takes grouped key/value heads itself from torch 2.5 (``enable_gqa``).
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 def static_support(model: torch.nn.Module) -> str | None:
@@ -141,7 +143,7 @@ class StaticLlama:
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1 and mask is None:
+        if groups > 1 and mask is None and _SDPA_GQA:
             return F.scaled_dot_product_attention(queries, keys, values, scale=self.scaling,
                                                   enable_gqa=True)
         if groups > 1:
