@@ -140,6 +140,7 @@ class StaticEngine:
         self.capture_log: list[CaptureRecord] = []
 
     # -- buffers ---------------------------------------------------------------------------
+    @torch.inference_mode()
     def reserve(self, capacity: int) -> None:
         """Make room for ``capacity`` cache slots (reallocating drops every captured graph)."""
         if capacity <= self.capacity:
@@ -205,6 +206,7 @@ class StaticEngine:
                               prepare_depth=options.prepare_depth,
                               fuse=options.fuse_empty and tree.num_nodes == 0)
 
+    @torch.inference_mode()
     def warm_up(self, scheduler: Scheduler, max_context: int, *, fuses_empty: bool = False
                 ) -> None:
         """Reserve the cache for contexts up to ``max_context`` (prompt + new tokens) and build
@@ -217,9 +219,8 @@ class StaticEngine:
             self.reserve_prepared(options.prepare_depth)
             steps.append(self.prepare_step(options.prepare_depth))
         if self.graphs:
-            with torch.inference_mode():
-                for step in steps:
-                    self._ensure_graph(step)
+            for step in steps:
+                self._ensure_graph(step)
 
     def prepare_step(self, max_depth: int) -> PrepareStep:
         step = self._prepare_steps.get(max_depth)
@@ -251,6 +252,7 @@ class StaticEngine:
         self.past_len.fill_(length)
         return logits
 
+    @torch.inference_mode()
     def run(self, step: TreeStep | PrepareStep, past_len: int) -> None:
         """Run ``step`` at host-known ``past_len`` (replaying its graph when graphs are on)."""
         if not self.graphs:
@@ -258,6 +260,7 @@ class StaticEngine:
             return
         self._ensure_graph(step).replay()
 
+    @torch.inference_mode()
     def timed_run(self, step: TreeStep | PrepareStep, past_len: int) -> float:
         """Milliseconds of one run of ``step`` from the current state, launch to readback as
         decoding runs it; the state is restored afterwards, so a profiler can time every tree at

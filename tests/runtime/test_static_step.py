@@ -158,7 +158,7 @@ def test_full_window_ignores_whatever_the_unfilled_cache_holds(rt, setup):
     decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
     engine = decoder.static_engine
     engine.reserve(400)
-    with torch.no_grad():
+    with torch.inference_mode():  # the cache is an inference tensor
         engine.cache.normal_(0.0, 100.0)
     for prompt in PROMPTS:
         got = decoder.generate(torch.tensor(prompt), StaticScheduler(TREES["mc_sim_7b_63"]),
