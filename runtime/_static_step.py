@@ -135,7 +135,8 @@ class StaticEngine:
         self.past_len = torch.zeros((), dtype=torch.int64, device=device)  # []
         self.prepared: torch.Tensor | None = None  # [rows, V] heads' first logits (draft signal)
         self.prepared_depth = 0
-        self._steps: dict[tuple, TreeStep] = {}
+        self._steps: dict[tuple, TreeStep] = {}  # by (tree, flags)
+        self._steps_by_id: dict[tuple, tuple[Tree, TreeStep]] = {}  # the same, by id(tree)
         self._prepare_steps: dict[int, PrepareStep] = {}
         self.capture_log: list[CaptureRecord] = []
 
@@ -190,15 +191,19 @@ class StaticEngine:
         for trees of depth <= ``prepare_depth``. ``fuse``: an empty tree whose Medusa heads
         share the lm_head prepares in its base projection.
         """
+        flags = (base_entropy, prepare_depth, fuse)
+        known = self._steps_by_id.get((id(tree), *flags))
+        if known is not None:  # holding the tree keeps its id from being reused
+            return known[1]
         # Keyed by the tree's paths (Tree compares by value): equal trees of different
         # schedulers share one step and its graph.
-        key = (tree, base_entropy, prepare_depth, fuse)
-        step = self._steps.get(key)
+        step = self._steps.get((tree, *flags))
         if step is None:
             plan = tree_plan(tree, self.topk, self.device)
             step = TreeStep(self, plan, base_entropy=base_entropy, prepare_depth=prepare_depth,
                             fuse=fuse)
-            self._steps[key] = step
+            self._steps[(tree, *flags)] = step
+        self._steps_by_id[(id(tree), *flags)] = (tree, step)
         return step
 
     def step_for(self, tree: Tree, options: StepOptions) -> TreeStep:
