@@ -3,6 +3,7 @@
 The profile comes from calibrate's profiler on the same model, heads and prompts; the replay is
 treesearch's; the live decoder runs the same static tree or entropy schedule. Steps are compared
 one for one: positions, accept lengths (tokens each step adds to the output), trees, estimates.
+Both runtimes (eager and static-shape) are held to it.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
     return compared_steps, total_accepts
 
 
-def test_oracle_heads_live_schedule_equals_profile_replay(rt):
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_oracle_heads_live_schedule_equals_profile_replay(rt, engine):
     base = _base(rt)
     prompts = _prompts()
     rng = np.random.default_rng(4)
@@ -114,7 +116,7 @@ def test_oracle_heads_live_schedule_equals_profile_replay(rt):
              Tree.from_paths([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0], [0, 1]]),
              Tree.from_paths([[0], [1], [2], [3], [4]]))
     schedule = Schedule(trees, thresholds, estimator)
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, accepts = _compare(profile, decoder, BundleScheduler(schedule), schedule, base,
                               prompts)
     assert steps > 20 and max(accepts) >= 3  # the comparison saw real multi-token steps
@@ -130,15 +132,16 @@ def _noisy_heads(base, head_type: str, *, seed: int, noise_seed: int):
     return heads
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type):
+def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type, engine):
     base = _base(rt)
     prompts = _prompts()
     heads = _noisy_heads(base, head_type, seed=2, noise_seed=9)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     tree = Tree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, _ = _compare(profile, decoder, StaticScheduler(tree), tree, base, prompts)
     assert steps > 20
 
@@ -172,8 +175,9 @@ class _PromptRouter(torch.nn.Module):
         return torch.cat(rows)
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
+def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type, engine):
     """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's."""
     base = _base(rt)
     prompts = _prompts()
@@ -188,7 +192,7 @@ def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
                         DRAFT_ENTROPY)
     scheduler = BundleScheduler(schedule)
     assert scheduler.needs_draft_entropy
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, _ = _compare(profile, decoder, scheduler, schedule, base, prompts)
     assert steps > 20
 
