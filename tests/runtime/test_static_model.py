@@ -141,3 +141,38 @@ def test_cpu_linears_keep_the_few_row_kernel(rt, monkeypatch):
                                  torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril(), 3)
         static.logits(hidden)
     assert linears == 7 * len(static.layers) + 1 and calls == [3] * linears
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_other_llama_block_families_equal_transformers(rt, family):
+    import transformers
+
+    config_class = {"mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}
+    model_class = {"mistral": transformers.MistralForCausalLM,
+                   "qwen2": transformers.Qwen2ForCausalLM}
+    config = config_class[family](vocab_size=96, hidden_size=48, intermediate_size=80,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=256,
+                                  sliding_window=None, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = model_class[family](config).eval()
+    assert static_support(model) is None
+    static = StaticLlama(model)
+    rng = np.random.default_rng(1)
+    prompt = torch.tensor(rng.integers(0, 96, size=20))
+    plan = tree_plan(rt.random_tree(rng, 8, depth=3, topk=4), 4)
+    tokens = torch.tensor(rng.integers(0, 96, size=plan.size))
+    with torch.inference_mode():
+        eager_cache = new_cache(model)
+        forward_tokens(model, eager_cache, prompt[None])
+        _, reference = tree_forward(model, eager_cache, plan, tokens, len(prompt),
+                                    dtype=torch.float32)
+        cache = static.new_cache(64)
+        p = len(prompt)
+        static.backbone(cache, prompt, torch.arange(p), torch.arange(p),
+                        torch.ones(p, p, dtype=torch.bool).tril(), p)
+        mask, kv_len = _window(static, cache, p, plan.size, plan.tree_mask, False)
+        hidden = static.backbone(cache, tokens, plan.depths + p, torch.arange(plan.size) + p,
+                                 mask, kv_len)
+        torch.testing.assert_close(static.logits(hidden), reference, rtol=1e-5, atol=1e-5)
