@@ -31,11 +31,21 @@ call); the next token is the argmax of the same row, up to the projection kernel
 rounding. Such a step logs the heads' features and the projection in ``verify_ms``; the step
 after it logs no preparation in ``draft_ms``. The replay books this with the latency model's
 ``fused_empty_ms``.
+
+Greedy ``generate`` and ``autoregressive_generate`` run these same steps on the static-shape
+runtime (runtime/_static_step.py) for Llama-family models: same positions, trees, estimates,
+accept lengths and logs, with the whole step time in ``verify_ms`` unless ``breakdown`` is
+asked for. There a draft-entropy step prepares the next state's heads at its end (fused into the
+projection for an empty tree, as here), so the host reads everything once per step. The
+methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` below are the
+eager runtime's (a transformers forward over a ``DynamicCache``), used for the sampling modes,
+for other models, with ``engine="eager"``, and by the latency profiler.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,7 +60,9 @@ from entmtp.treesearch._tree import Tree
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
 from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
-from ._scheduler import Scheduler
+from ._scheduler import Scheduler, StaticScheduler
+from ._static_model import static_support
+from ._static_step import StaticEngine, static_generate
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
     check_tree_attention_support,
@@ -62,6 +74,8 @@ from ._verify import (
 )
 
 MODES = ("greedy", "typical", "rejection")
+ENGINES = ("auto", "static", "eager")
+SAMPLING_NOTE = "sampling modes (typical, rejection) run on the eager runtime"
 
 
 @dataclass(frozen=True)
@@ -186,11 +200,23 @@ class SpeculativeDecoder:
     ``topk`` is the number of candidates each head drafts (one int, or one per head); every tree
     a scheduler picks must have its ranks below it. ``probe=True`` also checks on a short input
     that the model's tree-masked logits equal plain causal decoding (a few small forwards).
+
+    ``engine``: ``auto`` decodes greedily on the static-shape runtime (runtime/_static_step.py)
+    when the model is Llama-family and on the eager one (a transformers forward over a
+    ``DynamicCache``) otherwise; ``static`` requires the static runtime; ``eager`` forces the
+    eager one (comparison benchmarks). Sampling modes always run eagerly. ``runtime_note`` says
+    in one line which runtime ``generate`` uses. ``graphs``: capture each static step as a CUDA
+    graph (CUDA only; ignored on the CPU). ``window``: the static runtime's attention window,
+    ``filled`` (CPU default) or ``full`` (the whole cache, masked; CUDA default). ``breakdown``:
+    log draft / verify / bookkeeping times of static steps separately (a device sync between
+    phases, no graphs); without it a static step logs its whole time as ``verify_ms``.
+    ``step``, ``prepare``, ``fused_empty_step`` and ``commit`` are the eager runtime's steps.
     """
 
     def __init__(
         self, model: torch.nn.Module, heads: torch.nn.Module, *, topk: int | Sequence[int] = 10,
-        probe: bool = False,
+        probe: bool = False, engine: str = "auto", graphs: bool = True,
+        window: str | None = None, breakdown: bool = False,
     ) -> None:
         check_tree_attention_support(model)
         if probe:
@@ -210,6 +236,36 @@ class SpeculativeDecoder:
         # Empty-tree steps of draft-entropy schedules also prepare the next step's heads.
         self.fuses_empty = fuses_with_base(model, heads)
         self.clock = _Clock(self.device)
+        self.static_reason = _static_reason(model, engine)
+        self.graphs = bool(graphs) and self.device.type == "cuda"
+        self.window = window
+        self.breakdown = bool(breakdown)
+        self._static: StaticEngine | None = None
+
+    @property
+    def runtime_note(self) -> str:
+        """One line: which runtime greedy ``generate`` runs on, and why."""
+        return _runtime_note(self.static_reason, self.device, self.graphs and not self.breakdown)
+
+    def warm_up(self, scheduler: Scheduler, *, max_context: int) -> None:
+        """Make the static runtime ready for ``scheduler``'s trees and contexts up to
+        ``max_context`` (prompt + new tokens): the cache is reserved and, with graphs, every
+        step captured now rather than on first use. Nothing to do on the eager runtime."""
+        for tree in scheduler.trees:
+            self.plan(tree)
+        if self.static_engine is not None:
+            self.static_engine.warm_up(scheduler, max_context, fuses_empty=self.fuses_empty)
+
+    @property
+    def static_engine(self) -> StaticEngine | None:
+        """The static-shape runtime of greedy decoding (None: greedy decoding runs eagerly)."""
+        if self.static_reason is not None:
+            return None
+        if self._static is None:
+            self._static = StaticEngine(self.model, self.drafter, topk=self.topk,
+                                        graphs=self.graphs and not self.breakdown,
+                                        window=self.window)
+        return self._static
 
     def plan(self, tree: Tree) -> TreePlan:
         """The cached plan of ``tree``; raises ``EntmtpError`` if the heads cannot draft it."""
@@ -356,6 +412,13 @@ class SpeculativeDecoder:
         if max_new_tokens == 0:
             _as_prompt(input_ids, self.device)
             return DecodeResult([], 0, [], 0.0, 0.0)
+        static = self.static_engine if mode == "greedy" else None
+        if static is not None:
+            return static_generate(
+                static, _as_prompt(input_ids, self.device), scheduler,
+                max_new_tokens=max_new_tokens, eos_token_ids=eos, fuse_empty=self.fuses_empty,
+                breakdown=self.breakdown, on_step=on_step,
+            )
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(seed))
         accept = self.accept_fn(mode, temperature=temperature, generator=generator,
@@ -434,6 +497,42 @@ class SpeculativeDecoder:
         )
 
 
+def _static_reason(model: torch.nn.Module, engine: str) -> str | None:
+    """None when greedy decoding of ``model`` runs on the static runtime, else why not."""
+    if engine not in ENGINES:
+        raise EntmtpError(f"engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
+    if engine == "eager":
+        return "engine='eager' was asked for"
+    reason = static_support(model)
+    if reason is not None and engine == "static":
+        raise EntmtpError(f"engine='static' cannot run {type(model).__name__}: {reason}; use "
+                          "engine='auto' or 'eager'")
+    return reason
+
+
+def _runtime_note(reason: str | None, device: torch.device, graphs: bool) -> str:
+    if reason is not None:
+        return f"greedy decoding runs on the eager runtime ({reason})"
+    how = "CUDA graphs" if graphs else f"no graphs on {device.type}"
+    return f"greedy decoding runs on the static-shape runtime ({how}); {SAMPLING_NOTE}"
+
+
+_AR_EMPTY = Tree.from_paths([])
+_AR_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def autoregressive_engine(
+    model: torch.nn.Module, *, graphs: bool = True, window: str | None = None
+) -> StaticEngine:
+    """The static runtime of ``model``'s autoregressive decoding, kept with the model (so its
+    cache and captured graph serve every call)."""
+    per_model = _AR_ENGINES.setdefault(model, {})
+    key = (bool(graphs), window)
+    if key not in per_model:
+        per_model[key] = StaticEngine(model, None, graphs=graphs, window=window)
+    return per_model[key]
+
+
 @torch.inference_mode()
 def autoregressive_generate(
     model: torch.nn.Module,
@@ -441,10 +540,15 @@ def autoregressive_generate(
     *,
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
+    engine: str = "auto",
+    graphs: bool = True,
+    window: str | None = None,
 ) -> DecodeResult:
-    """Plain greedy decoding, one token per forward, on the same cache and forward as the decoder.
+    """Plain greedy decoding, one token per forward, on the same machinery as the decoder.
 
-    Each step is logged with accept length 1 and its forward time as ``verify_ms``.
+    ``engine``, ``graphs`` and ``window`` as for ``SpeculativeDecoder``: the static runtime runs
+    the empty tree's step (the speculative decoder's plain step). Each step is logged with
+    accept length 1 and its time as ``verify_ms`` (eager: its forward time).
     """
     check_tree_attention_support(model)
     if max_new_tokens < 0:
@@ -452,8 +556,14 @@ def autoregressive_generate(
     _, device = _model_dtype_device(model)
     eos = frozenset(int(t) for t in eos_token_ids)
     prompt = _as_prompt(input_ids, device)
+    reason = _static_reason(model, engine)
     if max_new_tokens == 0:
         return DecodeResult([], 0, [], 0.0, 0.0)
+    if reason is None:
+        static = autoregressive_engine(model, graphs=graphs and device.type == "cuda",
+                                       window=window)
+        return static_generate(static, prompt, StaticScheduler(_AR_EMPTY),
+                               max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
     start = clock.now()
     cache = new_cache(model)

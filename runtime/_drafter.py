@@ -1,6 +1,7 @@
 """The proposer: token of every tree node from Medusa or Hydra draft heads.
 
-Medusa heads see only the hidden state, so one top-k per head serves the whole tree:
+``TreeDrafter(heads)`` gives the ``Drafter`` of the heads' type. Medusa heads see only the hidden
+state, so one top-k per head serves the whole tree:
 ``tokens = [root, head1 top-k, head2 top-k, ...][tree_indices]``. Hydra heads also read the
 node's path prefix, so they run level by level, batched over the level's distinct parents.
 
@@ -48,45 +49,25 @@ class Prepared:
         return self.logits[0]
 
 
-class TreeDrafter:
-    """Draft the tokens of a tree's nodes from ``heads`` (see calibrate's ``DraftHeads``)."""
+class Drafter:
+    """The proposer interface: a Medusa or a Hydra implementation (``TreeDrafter`` picks one).
+
+    Every method runs tensor ops of shapes fixed by the plan only (no host sync), so a static
+    step can run it inside a captured CUDA graph.
+    """
+
+    head_type: str = ""
 
     def __init__(self, heads: torch.nn.Module) -> None:
-        head_type = getattr(heads, "head_type", None)
-        if head_type not in HEAD_TYPES:
-            raise EntmtpError(
-                f"draft heads have head_type {head_type!r}: expected one of {list(HEAD_TYPES)}"
-            )
         self.heads = heads
-        self.head_type = head_type
 
-    @torch.inference_mode()
     def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
         """Head results for drafting any tree of depth <= ``max_depth`` from this state.
 
         Always includes head 1 (for ``first_logits``), also when ``max_depth`` is 0.
         """
-        if self.head_type == "medusa":
-            depth = max(int(max_depth), 1)
-            return Prepared(depth, medusa_logits(self.heads, hidden, depth))
-        # The same call as the first level of _draft_hydra (one parent: the root).
-        logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
-        return Prepared(self.heads.num_heads, logits)
+        raise NotImplementedError
 
-    @torch.inference_mode()
-    def project_with_base(
-        self, hidden: torch.Tensor, max_depth: int
-    ) -> tuple[torch.Tensor, Prepared]:
-        """Base logits [1, V] at ``hidden`` [1, hidden_size] and ``prepare(_, hidden, max_depth)``
-        from one projection through the shared lm_head (only for ``fuses_with_base`` heads)."""
-        depth = max(int(max_depth), 1)
-        weight, bias = self.heads.projection_weight(1)
-        features = medusa_features(self.heads, hidden, depth)
-        rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
-        logits = project_rows(rows, weight, bias)  # [1 + depth, V]
-        return logits[:1], Prepared(depth, logits[1:])
-
-    @torch.inference_mode()
     def draft(
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
         prepared: Prepared | None = None,
@@ -104,11 +85,40 @@ class TreeDrafter:
                 f"the draft was prepared for trees of depth <= {prepared.depth} but the tree has "
                 f"depth {plan.depth}: prepare with the deepest tree the scheduler may choose"
             )
-        if self.head_type == "medusa":
-            return self._draft_medusa(plan, root, hidden, prepared)
-        return self._draft_hydra(plan, root, hidden, prepared)
+        return self._draft(plan, root, hidden, prepared)
 
-    def _draft_medusa(
+    def _draft(
+        self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
+        prepared: Prepared | None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads see only the hidden state: one top-k per head serves the whole tree."""
+
+    head_type = "medusa"
+
+    @torch.inference_mode()
+    def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
+        depth = max(int(max_depth), 1)
+        return Prepared(depth, medusa_logits(self.heads, hidden, depth))
+
+    @torch.inference_mode()
+    def project_with_base(
+        self, hidden: torch.Tensor, max_depth: int
+    ) -> tuple[torch.Tensor, Prepared]:
+        """Base logits [1, V] at ``hidden`` [1, hidden_size] and ``prepare(_, hidden, max_depth)``
+        from one projection through the shared lm_head (only for ``fuses_with_base`` heads)."""
+        depth = max(int(max_depth), 1)
+        weight, bias = self.heads.projection_weight(1)
+        features = medusa_features(self.heads, hidden, depth)
+        rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
+        logits = project_rows(rows, weight, bias)  # [1 + depth, V]
+        return logits[:1], Prepared(depth, logits[1:])
+
+    @torch.inference_mode()
+    def _draft(
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
         prepared: Prepared | None,
     ) -> torch.Tensor:
@@ -121,7 +131,21 @@ class TreeDrafter:
         nodes = top[plan.node_head, plan.node_rank]
         return torch.cat([root.reshape(1).to(nodes.device), nodes])
 
-    def _draft_hydra(
+
+class HydraDrafter(Drafter):
+    """Hydra heads also read the node's path prefix: level by level, batched over the level's
+    distinct parents (fixed shapes per tree)."""
+
+    head_type = "hydra"
+
+    @torch.inference_mode()
+    def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
+        # The same call as the first level of _draft (one parent: the root).
+        logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
+        return Prepared(self.heads.num_heads, logits)
+
+    @torch.inference_mode()
+    def _draft(
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
         prepared: Prepared | None,
     ) -> torch.Tensor:
@@ -138,6 +162,19 @@ class TreeDrafter:
             top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk]
             tokens[nodes] = top[plan.parent_slot[depth - 1], plan.ranks[nodes]]
         return tokens
+
+
+_DRAFTERS: dict[str, type[Drafter]] = {"medusa": MedusaDrafter, "hydra": HydraDrafter}
+
+
+def TreeDrafter(heads: torch.nn.Module) -> Drafter:  # noqa: N802 (the proposer's public name)
+    """The drafter of ``heads`` (calibrate's ``DraftHeads``): Medusa or Hydra by their type."""
+    head_type = getattr(heads, "head_type", None)
+    if head_type not in _DRAFTERS:
+        raise EntmtpError(
+            f"draft heads have head_type {head_type!r}: expected one of {list(HEAD_TYPES)}"
+        )
+    return _DRAFTERS[head_type](heads)
 
 
 def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:

@@ -212,9 +212,12 @@ def test_on_step_streams_every_emitted_token_once(rt, setup):
     assert [t for _, new in calls for t in new] == result.tokens == reference[:17]
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, head_type):
-    """The heads run once per step although head 1 is needed before the tree is chosen."""
+def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, head_type, engine):
+    """The heads run once per step although head 1 is needed before the tree is chosen: the
+    eager runtime prepares at the start of each step, the static one at the end of each step for
+    the next (and once after the prefill, so once more per generation)."""
     model, references = setup
     rng = np.random.default_rng(12)
     prompt = torch.tensor(PROMPTS[0])
@@ -230,10 +233,11 @@ def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, he
         heads = rt.OracleHeads(model, prompt, reference, ranks, head_type=head_type, topk=TOPK)
         schedule = Schedule((shallow, deep), (threshold,), EntropyEstimator.last(),
                             DRAFT_ENTROPY)
-        result = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+        result = SpeculativeDecoder(model, heads, topk=TOPK, engine=engine).generate(
             prompt, BundleScheduler(schedule), max_new_tokens=30
         )
         assert result.tokens == reference[:30]
+        preparations = result.steps + (engine == "static")
         for step in result.step_log:
             assert step.entropy_estimate == pytest.approx(h1, abs=1e-5)
             assert step.depth == served.depth
@@ -242,9 +246,9 @@ def test_draft_signal_runs_each_head_once_per_step_and_is_lossless(rt, setup, he
         assert [s.position for s in result.step_log] == positions
         assert result.accept_lengths == accepts
         depth_one_calls = [rows for depth, rows in heads.calls if depth == 1]
-        assert depth_one_calls == [1] * result.steps
+        assert depth_one_calls == [1] * preparations
         if head_type == "medusa":  # every step prepares heads 1..deepest tree, once each
-            expected = [(d, 1) for d in range(1, NUM_HEADS + 1)] * result.steps
+            expected = [(d, 1) for d in range(1, NUM_HEADS + 1)] * preparations
             assert heads.calls == expected
 
 

@@ -3,6 +3,7 @@
 The profile comes from calibrate's profiler on the same model, heads and prompts; the replay is
 treesearch's; the live decoder runs the same static tree or entropy schedule. Steps are compared
 one for one: positions, accept lengths (tokens each step adds to the output), trees, estimates.
+Both runtimes (eager and static-shape) are held to it.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
     return compared_steps, total_accepts
 
 
-def test_oracle_heads_live_schedule_equals_profile_replay(rt):
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_oracle_heads_live_schedule_equals_profile_replay(rt, engine):
     base = _base(rt)
     prompts = _prompts()
     rng = np.random.default_rng(4)
@@ -114,7 +116,7 @@ def test_oracle_heads_live_schedule_equals_profile_replay(rt):
              Tree.from_paths([[0], [1], [2], [0, 0], [1, 0], [0, 0, 0], [0, 1]]),
              Tree.from_paths([[0], [1], [2], [3], [4]]))
     schedule = Schedule(trees, thresholds, estimator)
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, accepts = _compare(profile, decoder, BundleScheduler(schedule), schedule, base,
                               prompts)
     assert steps > 20 and max(accepts) >= 3  # the comparison saw real multi-token steps
@@ -130,15 +132,16 @@ def _noisy_heads(base, head_type: str, *, seed: int, noise_seed: int):
     return heads
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type):
+def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type, engine):
     base = _base(rt)
     prompts = _prompts()
     heads = _noisy_heads(base, head_type, seed=2, noise_seed=9)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     tree = Tree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, _ = _compare(profile, decoder, StaticScheduler(tree), tree, base, prompts)
     assert steps > 20
 
@@ -172,8 +175,9 @@ class _PromptRouter(torch.nn.Module):
         return torch.cat(rows)
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
+def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type, engine):
     """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's."""
     base = _base(rt)
     prompts = _prompts()
@@ -188,7 +192,7 @@ def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type):
                         DRAFT_ENTROPY)
     scheduler = BundleScheduler(schedule)
     assert scheduler.needs_draft_entropy
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     steps, _ = _compare(profile, decoder, scheduler, schedule, base, prompts)
     assert steps > 20
 
@@ -219,10 +223,13 @@ def _project_rows_calls(step_log, trees) -> int:
     return calls
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, monkeypatch):
+def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, engine, monkeypatch):
     """Empty-tree steps (in runs, and after drafted steps) are fused for shared-lm_head Medusa
-    heads: lossless, the replay's steps, and one projection per fused step, none for the next."""
+    heads: lossless, the replay's steps, and one projection per fused step, none for the next.
+    The static runtime prepares each next state at the end of a step (once after the prefill):
+    one projection per step, the base row and the heads' in one for an empty tree."""
     import entmtp.runtime._drafter as drafter_module
 
     base = _base(rt)
@@ -236,7 +243,7 @@ def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, monke
     schedule = Schedule(trees, _thresholds(profile.draft_entropy()), EntropyEstimator.last(),
                         DRAFT_ENTROPY)
     scheduler = BundleScheduler(schedule)
-    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine=engine)
     assert decoder.fuses_empty == (head_type == "medusa")
     calls = []
     real = drafter_module.project_rows
@@ -264,7 +271,10 @@ def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, monke
             after_drafted += now and not before
             drafted_after += before and not now
         if head_type == "medusa":
-            assert len(calls) == _project_rows_calls(live.step_log, trees)
+            if engine == "eager":
+                assert len(calls) == _project_rows_calls(live.step_log, trees)
+            else:
+                assert len(calls) == live.steps + 1
             fused_rows = [1 + 3] * sum(is_empty)  # base row + heads 1..3 per fused step
             assert sorted(calls) == sorted([3] * (len(calls) - sum(is_empty)) + fused_rows)
         else:  # Hydra never fuses: its heads run through calibrate's own projections

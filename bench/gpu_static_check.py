@@ -1,0 +1,221 @@
+"""Device check of the static-shape runtime: CUDA graphs capture, replay and decode what the
+eager runtime decodes; capture time and memory; per-step ms of both runtimes side by side.
+
+    python bench/gpu_static_check.py [--device cuda] [--dtype fp32] [--new-tokens 64]
+                                     [--rounds 3] [--prompts 3] [--out DIR] [--tiny]
+    python bench/gpu_static_check.py --device cpu --tiny --rounds 1   # checks the script only
+
+The model is the default model's architecture (SmolLM2-135M: the sizes below are its config)
+with random weights and random heads built on the device, so no file travels; latency depends on
+the architecture, dtype and device, not on the weights. For each arm (autoregressive; Medusa and
+Hydra heads with a 4-chain, mc_sim_7b_63 and a 128-node tree; a draft-entropy schedule switching
+between a deep tree and the empty tree, which runs the prepare and fused steps) it decodes the
+same prompts with the eager runtime, the static one without graphs and the static one with
+graphs, and checks: graphs == no graphs exactly (the same kernels), and static == eager or, where
+not, the first departure and its top-two logit margin (random weights have near-ties). Then it
+times eager vs graphs in interleaved rounds (the engine that goes first alternates): median
+per-step ms and their ratio. Writes ``static_check.json`` under ``--out`` (default ``$OUT`` or
+the working directory). Any figure comes from the machine it ran on; none is written here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from entmtp.calibrate._heads import new_heads
+from entmtp.runtime._decode import (
+    SpeculativeDecoder,
+    autoregressive_engine,
+    autoregressive_generate,
+)
+from entmtp.runtime._latency_profile import budget_tree
+from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._run import reference_tree
+from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule
+from entmtp.treesearch._tree import Tree
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# SmolLM2-135M-Instruct's config (its config.json).
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+               rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+TOPK = 10
+
+
+def build(device: str, dtype: torch.dtype, tiny: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**(TINY if tiny else SMOLLM2))
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    heads = {}
+    for index, head_type in enumerate(("medusa", "hydra")):
+        made = new_heads(model, head_type=head_type, num_heads=4, seed=index)
+        generator = torch.Generator(device="cpu").manual_seed(10 + index)
+        with torch.no_grad():
+            for parameter in made.parameters():
+                noise = torch.randn(parameter.shape, generator=generator) * 0.05
+                parameter.add_(noise.to(parameter.device, parameter.dtype))
+        heads[head_type] = made.to(device=device, dtype=dtype)
+    return model, heads
+
+
+def arms(heads):
+    chain = Tree.from_paths([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+    mc = reference_tree("mc_sim_7b_63")
+    big = budget_tree(128, 4, topk=TOPK, num_heads=4)
+    deep = budget_tree(32, 4, topk=TOPK, num_heads=4)
+    out = [("autoregressive", None, None)]
+    for head_type in ("medusa", "hydra"):
+        for name, tree in (("chain4", chain), ("mc_sim_7b_63", mc), ("128 nodes", big)):
+            out.append((f"{head_type} {name}", heads[head_type], StaticScheduler(tree)))
+        out.append((f"{head_type} draft-entropy", heads[head_type],
+                    Schedule((deep, Tree.from_paths([])), (1e9,),
+                             EntropyEstimator.last(), DRAFT_ENTROPY)))
+    return out
+
+
+def split_at_median(model, heads, schedule: Schedule, prompts, new_tokens) -> Schedule:
+    """``schedule`` (threshold above every entropy: the first tree always) with its threshold
+    at the median draft entropy of an eager run, so that both trees serve steps."""
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    estimates = [s.entropy_estimate for p in prompts
+                 for s in decoder.generate(p, BundleScheduler(schedule),
+                                           max_new_tokens=new_tokens).step_log]
+    return Schedule(schedule.trees, (statistics.median(estimates),), schedule.estimator,
+                    schedule.signal)
+
+
+class Runner:
+    """One runtime for one arm, built once (its graphs are captured once, before decoding)."""
+
+    def __init__(self, model, heads, scheduler, engine, graphs, prompts, new_tokens):
+        self.model, self.heads, self.scheduler = model, heads, scheduler
+        self.engine, self.graphs = engine, graphs
+        self.prompts, self.new_tokens = prompts, new_tokens
+        max_context = max(len(p) for p in prompts) + new_tokens
+        if heads is None:
+            self.static = autoregressive_engine(model, graphs=graphs) \
+                if engine == "static" else None
+            if self.static is not None:
+                self.static.warm_up(StaticScheduler(Tree.from_paths([])), max_context)
+        else:
+            self.decoder = SpeculativeDecoder(model, heads, topk=TOPK, engine=engine,
+                                              graphs=graphs)
+            self.decoder.warm_up(self.make(), max_context=max_context)
+            self.static = self.decoder.static_engine
+
+    def make(self):
+        s = self.scheduler
+        return BundleScheduler(s) if isinstance(s, Schedule) else s
+
+    def __call__(self):
+        if self.heads is None:
+            return [autoregressive_generate(self.model, p, max_new_tokens=self.new_tokens,
+                                            engine=self.engine, graphs=self.graphs)
+                    for p in self.prompts]
+        return [self.decoder.generate(p, self.make(), max_new_tokens=self.new_tokens)
+                for p in self.prompts]
+
+
+@torch.inference_mode()
+def first_departure(model, prompt, got, want):
+    """Where two greedy outputs first differ and the top-two margin of the logits there."""
+    for index, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            ids = torch.tensor([list(prompt) + want[:index]], device=model.device)
+            top = model(ids).logits[0, -1].float().topk(2).values
+            return {"position": index, "top2_margin": float(top[0] - top[1])}
+    return None if len(got) == len(want) else {"position": min(len(got), len(want)),
+                                                 "top2_margin": None}
+
+
+def step_ms(results) -> float:
+    return statistics.fmean(r.decode_ms / max(r.steps, 1) for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="a tiny model: checks the script")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+
+    model, heads = build(args.device, DTYPES[args.dtype], args.tiny)
+    vocab = model.config.vocab_size
+    prompts = [[1 + (7 * i + 13 * j) % (vocab - 1) for j in range(12 + 5 * i)]
+               for i in range(args.prompts)]
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"device {device_name}, torch {torch.__version__}, dtype {args.dtype}, "
+          f"{'tiny' if args.tiny else 'SmolLM2-135M architecture'}, random weights; "
+          f"{len(prompts)} prompts x {args.new_tokens} new tokens")
+    report = {"device": device_name, "torch": torch.__version__, "dtype": args.dtype,
+              "model": "tiny" if args.tiny else "SmolLM2-135M architecture, random weights",
+              "new_tokens": args.new_tokens, "prompts": len(prompts), "rounds": args.rounds,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": []}
+    for name, arm_heads, scheduler in arms(heads):
+        if isinstance(scheduler, Schedule):
+            scheduler = split_at_median(model, arm_heads, scheduler, prompts, args.new_tokens)
+        runners = {(engine, graphs): Runner(model, arm_heads, scheduler, engine, graphs, prompts,
+                                            args.new_tokens)
+                   for engine, graphs in (("eager", False), ("static", False), ("static", True))}
+        eager = runners["eager", False]()
+        plain = runners["static", False]()
+        graphed = runners["static", True]()
+        same_as_plain = all(g.tokens == p.tokens and g.accept_lengths == p.accept_lengths
+                            for g, p in zip(graphed, plain, strict=True))
+        departures = [first_departure(model, prompt, g.tokens, e.tokens)
+                      for prompt, g, e in zip(prompts, graphed, eager, strict=True)]
+        captures = [
+            {"step": c.step, "capture_ms": c.capture_ms, "memory_bytes": c.memory_bytes}
+            for c in runners["static", True].static.capture_log]
+        timings = {"eager": [], "static": []}
+        for round_index in range(args.rounds):
+            order = ("eager", "static") if round_index % 2 == 0 else ("static", "eager")
+            for engine in order:
+                results = runners[engine, engine == "static"]()
+                timings[engine].append(step_ms(results))
+        row = {
+            "arm": name,
+            "graphs_equal_no_graphs": same_as_plain,
+            "static_equals_eager": all(d is None for d in departures),
+            "departures": [d for d in departures if d is not None],
+            "mean_accept_length": statistics.fmean(r.mean_accept_length for r in graphed),
+            "trees_used": sorted({s.tree_index for r in graphed for s in r.step_log}),
+            "captures": captures,
+            "eager_step_ms": statistics.median(timings["eager"]),
+            "static_graph_step_ms": statistics.median(timings["static"]),
+        }
+        row["speedup"] = row["eager_step_ms"] / row["static_graph_step_ms"]
+        report["arms"].append(row)
+        print(f"{name:26s} graphs==plain {same_as_plain!s:5s} static==eager "
+              f"{row['static_equals_eager']!s:5s} eager {row['eager_step_ms']:8.2f} ms "
+              f"graphs {row['static_graph_step_ms']:8.2f} ms  x{row['speedup']:.2f}  "
+              f"captures {len(captures)} "
+              f"({sum(c['capture_ms'] for c in captures):.0f} ms, "
+              f"{sum(c['memory_bytes'] for c in captures) / 2**20:.0f} MiB)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "static_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    if not all(row["graphs_equal_no_graphs"] for row in report["arms"]):
+        raise SystemExit("graph replay decoded differently from the same steps without graphs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""A compact Llama-family forward over a preallocated KV cache, positions given as tensors.
+
+``StaticLlama`` runs a loaded transformers model's own modules (embedding, RMSNorms, q/k/v/o
+projections, MLP, final norm, lm_head: the weights by reference, so heads that share the lm_head
+keep sharing it, and CPU linears keep calling the few-row kernel patched on their instances) but
+owns the attention: rotary embedding from the model's ``inv_freq`` and ``attention_scaling``
+(the same float32 ops as transformers' rotary module, so SmolLM2's ``rope_theta`` and static
+rope scalings match exactly), the cache write and SDPA with grouped-query heads.
+
+The cache is one tensor ``[layers, 2, kv_heads, capacity, head_dim]``. A forward writes its
+``q`` tokens' keys and values at the cache slots ``slots`` (tensors, so a CUDA graph can replay
+it at any past length) and attends either over the filled part only (``kv_len`` given: on the
+CPU, where shapes may change every step) or over the whole cache with a mask that blocks the
+unfilled slots (``kv_len=None``: fixed shapes for graphs).
+
+Supported: decoder layers with Llama's block (``static_support`` says why a model is not).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from entmtp.treesearch._errors import EntmtpError
+
+# Model types whose decoder layer is Llama's block (pre-norm attention with RoPE and GQA, gated
+# MLP), and rope types whose inverse frequencies never change with the sequence length.
+STATIC_MODEL_TYPES = ("llama", "mistral", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# SDPA takes grouped key/value heads itself from torch 2.5 (``enable_gqa``).
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def static_support(model: torch.nn.Module) -> str | None:
+    """None when ``model`` runs on ``StaticLlama``; else why not (one line)."""
+    config = getattr(model, "config", None)
+    name = type(model).__name__
+    if config is None or not hasattr(model, "get_decoder"):
+        return f"{name} is not a transformers causal LM"
+    text_config = config.get_text_config(decoder=True)
+    model_type = getattr(text_config, "model_type", None)
+    if model_type not in STATIC_MODEL_TYPES:
+        return f"model type {model_type!r} is not one of the Llama-family {STATIC_MODEL_TYPES}"
+    if getattr(text_config, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp > 1 splits the linears"
+    decoder = model.get_decoder()
+    rotary = getattr(decoder, "rotary_emb", None)
+    layers = getattr(decoder, "layers", None)
+    if rotary is None or not hasattr(rotary, "inv_freq") or not layers:
+        return f"{type(decoder).__name__} has no rotary_emb.inv_freq or no layers"
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope type {rope_type!r} changes with the sequence length"
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        if attention is None or any(
+            not hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+        ) or any(hasattr(attention, n) for n in ("q_norm", "k_norm")):
+            return f"{type(layer).__name__} is not Llama's attention block"
+        if not all(hasattr(layer, n) for n in ("mlp", "input_layernorm",
+                                                "post_attention_layernorm")):
+            return f"{type(layer).__name__} is not Llama's decoder block"
+    return None
+
+
+class StaticLlama:
+    """The forward of a Llama-family ``model`` over a static cache (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = static_support(model)
+        if reason is not None:
+            raise EntmtpError(f"the static-shape runtime cannot run this model: {reason}")
+        decoder = model.get_decoder()
+        # No reference to the model object itself: engines cached per model hold it weakly.
+        self.embed = decoder.embed_tokens
+        self.layers = list(decoder.layers)
+        self.norm = decoder.norm
+        self.lm_head = model.get_output_embeddings()
+        rotary = decoder.rotary_emb
+        self.inv_freq = rotary.inv_freq  # [head_dim / 2] float32 buffer of the model
+        self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        attention = self.layers[0].self_attn
+        config = model.config.get_text_config(decoder=True)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(attention.head_dim)
+        self.scaling = float(attention.scaling)
+        self.hidden_size = int(config.hidden_size)
+        weight = self.lm_head.weight
+        self.dtype, self.device = weight.dtype, weight.device
+
+    def new_cache(self, capacity: int) -> torch.Tensor:
+        """An empty cache [layers, 2, kv_heads, capacity, head_dim] in the model's dtype."""
+        return torch.zeros(len(self.layers), 2, self.num_kv_heads, capacity, self.head_dim,
+                           dtype=self.dtype, device=self.device)
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos, sin [1, 1, q, head_dim] at ``positions`` [q] (transformers' own float32 ops)."""
+        freqs = positions[:, None].float() * self.inv_freq.to(torch.float32)[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos = (angles.cos() * self.rope_scaling).to(dtype)
+        sin = (angles.sin() * self.rope_scaling).to(dtype)
+        return cos[None, None], sin[None, None]
+
+    def backbone(
+        self,
+        cache: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_len: int | None,
+    ) -> torch.Tensor:
+        """Final-norm hidden states [q, hidden] of ``tokens`` [q] at rotary ``positions`` [q].
+
+        Their keys and values go to the cache ``slots`` [q] first; attention then reads cache
+        slots ``[0, kv_len)`` (all of them when ``kv_len`` is None) under ``mask``: [q, kv_len]
+        bool (True attends) or additive float, or None (attend to every slot read).
+        """
+        q = tokens.shape[0]
+        x = self.embed(tokens)[None]  # [1, q, hidden]
+        cos, sin = self.rotary(positions, x.dtype)
+        attn_mask = None if mask is None else mask.reshape(1, 1, *mask.shape[-2:])
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            queries = attention.q_proj(h).view(1, q, -1, self.head_dim).transpose(1, 2)
+            keys = attention.k_proj(h).view(1, q, -1, self.head_dim).transpose(1, 2)
+            values = attention.v_proj(h).view(1, q, -1, self.head_dim).transpose(1, 2)
+            queries = queries * cos + _rotate_half(queries) * sin
+            keys = keys * cos + _rotate_half(keys) * sin
+            layer_cache = cache[index]  # [2, kv_heads, capacity, head_dim]
+            layer_cache[0].index_copy_(1, slots, keys[0].to(cache.dtype))
+            layer_cache[1].index_copy_(1, slots, values[0].to(cache.dtype))
+            past_keys = layer_cache[0, :, :kv_len][None]  # [1, kv_heads, kv_len, head_dim]
+            past_values = layer_cache[1, :, :kv_len][None]
+            out = self._attend(queries, past_keys, past_values, attn_mask)
+            out = out.transpose(1, 2).reshape(1, q, self.num_heads * self.head_dim)
+            x = x + attention.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)[0]
+
+    def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1 and mask is None and _SDPA_GQA:
+            return F.scaled_dot_product_attention(queries, keys, values, scale=self.scaling,
+                                                  enable_gqa=True)
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
+                                              scale=self.scaling)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head logits [rows, vocab] of final-norm hidden states [rows, hidden]."""
+        return self.lm_head(hidden)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def compact_static_cache(
+    cache: torch.Tensor, past_len: torch.Tensor, path: torch.Tensor, keep_slots: torch.Tensor
+) -> None:
+    """Move the accepted path's entries to sit right after the past, in place.
+
+    ``path`` [D+1] int64: accepted node indices (root first), padded with any node index;
+    ``keep_slots`` [D+1]: ``arange(D+1)``; ``past_len`` [] int64. Slot ``past_len + j`` gets
+    the entry of slot ``past_len + path[j]``: for the path's own length those are the kept
+    entries, past it the padding lands beyond the new past length, where nothing reads it.
+    Tensor-driven (no host sync, fixed shapes), so a graph can contain it.
+    """
+    source = cache.index_select(3, past_len + path)  # copies first: overlapping rows are safe
+    cache.index_copy_(3, past_len + keep_slots, source)

@@ -1,0 +1,588 @@
+"""Static-shape decoding steps: one step object per tree, graph-ready, one readback per step.
+
+``StaticEngine`` owns a preallocated KV cache (``StaticLlama``'s, sized for prompt + max new
+tokens + the largest tree) and the decoding state as persistent device buffers: the pending
+token, the hidden state of the last cached position and the past length. For each tree of a
+scheduler (the empty tree, i.e. the autoregressive step, included) it builds one ``TreeStep``
+whose index tensors come from the tree's ``TreePlan``. A step drafts (the ``Drafter``), verifies
+(one forward over the tree), accepts greedily (the longest path of nodes whose token is the
+argmax of their parent's logits, ties to the first leaf, as ``greedy_accept``), compacts the
+accepted path inside the cache (``compact_static_cache``) and updates the state buffers, all as
+tensor ops of fixed shapes with no host sync. Its outputs stay on the device until the host reads
+them once: ``out_ints`` = [accepted length, next token, tokens of the accepted path padded to
+depth + 1] and ``out_floats`` = [base entropies of the accepted path's logits (base-signal
+schedules), head 1's entropy at the new state (draft-entropy schedules)].
+
+Draft-entropy schedules choose a step's tree from head 1's entropy at the step's state, so every
+step of such a schedule ends by preparing the next state (the heads' first results, as the eager
+``prepare``; a ``PrepareStep`` does it once after the prefill) and the host reads that entropy
+with the step's other outputs. An empty-tree step whose Medusa heads share the lm_head prepares
+in the same projection as its base logits (``[hidden; head features]``, the eager fused empty
+step, ``fused_empty_ms``). Per generation the heads run as often as in the eager runtime, plus
+one preparation after the last step; the latency model's per-step prepare cost (booked on the
+step it serves) describes the same work.
+
+The accepted path is committed whole. The host cuts drafts after an EOS or past
+``max_new_tokens``, which only happens on a generation's last step, so the state the cut would
+change is never read again.
+
+On CUDA with ``graphs`` each step is captured as a CUDA graph on first use (warm-up on a side
+stream, then capture; the state buffers are restored after every warm-up run) and replayed;
+attention then reads the whole static cache under a mask that blocks the unfilled slots. On the
+CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
+cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._tree import Tree
+
+from ._drafter import Drafter, MedusaDrafter, Prepared
+from ._scheduler import Scheduler, StaticScheduler
+from ._static_model import StaticLlama, compact_static_cache
+from ._tree_attention import TreePlan, tree_plan
+
+if TYPE_CHECKING:
+    from ._decode import DecodeResult, StepLog
+
+WINDOWS = ("filled", "full")
+CAPACITY_QUANTUM = 128  # the cache grows in whole multiples: fewer re-captures
+GRAPH_WARMUP_RUNS = 2
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    """One CUDA graph capture."""
+
+    step: str  # which step: "tree q=<nodes+1> depth=<d>" or "prepare"
+    capture_ms: float  # warm-up + capture wall time
+    memory_bytes: int  # growth of the CUDA caching allocator's reserved memory
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Which variant of each tree's step a scheduler needs."""
+
+    base_entropy: bool  # output the accepted path's base entropies (base-signal schedules)
+    prepare_depth: int  # > 0: draft-entropy schedule; prepare the next state for this depth
+    fuse_empty: bool  # empty trees prepare in their base projection (Medusa, shared lm_head)
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, fuses_empty: bool) -> StepOptions:
+        by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        max_depth = max((tree.depth for tree in scheduler.trees), default=0)
+        return cls(
+            # A static tree's scheduler reads no entropies: skip computing them.
+            base_entropy=not by_draft and not isinstance(scheduler, StaticScheduler),
+            prepare_depth=max(max_depth, 1) if by_draft else 0,
+            fuse_empty=by_draft and fuses_empty,
+        )
+
+
+@dataclass(frozen=True)
+class StepReadback:
+    """What the host reads after a step."""
+
+    length: int  # accepted path length, root included
+    next_token: int
+    path_tokens: list[int]  # tokens of the accepted path, root first
+    base_entropies: list[float]  # of the path's logits (empty unless requested)
+    draft_entropy: float  # head 1's entropy at the new state (nan unless the step prepared)
+
+
+class StaticEngine:
+    """Static-shape steps for ``model`` drafting with ``drafter`` (None: autoregressive only).
+
+    ``topk``: candidates per head for the trees' plans. ``graphs``: capture steps as CUDA
+    graphs (CUDA only; ignored elsewhere). ``window``: ``filled`` (attend over the filled cache
+    slots only; CPU default) or ``full`` (the whole cache under a mask: fixed shapes; CUDA
+    default, required for graphs).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, drafter: Drafter | None, *, topk: int | tuple[int, ...] = 1,
+        graphs: bool = True, window: str | None = None,
+    ) -> None:
+        self.net = StaticLlama(model)
+        self.drafter = drafter
+        self.topk = topk
+        self.device, self.dtype = self.net.device, self.net.dtype
+        self.graphs = bool(graphs) and self.device.type == "cuda"
+        if window is None:
+            window = "full" if self.device.type == "cuda" else "filled"
+        if window not in WINDOWS:
+            raise EntmtpError(f"window {window!r} is unknown: use one of {', '.join(WINDOWS)}")
+        if self.graphs and window != "full":
+            raise EntmtpError("CUDA graphs need window='full' (fixed shapes)")
+        self.full_window = window == "full"
+        self.cache: torch.Tensor | None = None  # [layers, 2, kv_heads, capacity, head_dim]
+        self.columns: torch.Tensor | None = None  # [capacity] int64: arange(capacity)
+        self.capacity = 0
+        self.generation = 0  # bumped when the cache is reallocated: graphs capture its address
+        device = self.device
+        self.pending = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
+        self.hidden = torch.zeros(1, self.net.hidden_size, dtype=self.dtype, device=device)
+        self.past_len = torch.zeros((), dtype=torch.int64, device=device)  # []
+        self.prepared: torch.Tensor | None = None  # [rows, V] heads' first logits (draft signal)
+        self.prepared_depth = 0
+        self._steps: dict[tuple, TreeStep] = {}  # by (tree, flags)
+        self._steps_by_id: dict[tuple, tuple[Tree, TreeStep]] = {}  # the same, by id(tree)
+        self._prepare_steps: dict[int, PrepareStep] = {}
+        self.capture_log: list[CaptureRecord] = []
+
+    # -- buffers ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` cache slots (reallocating drops every captured graph)."""
+        if capacity <= self.capacity:
+            return
+        capacity = -(-capacity // CAPACITY_QUANTUM) * CAPACITY_QUANTUM
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = self.net.new_cache(capacity)
+        self.columns = torch.arange(capacity, device=self.device)
+        self.capacity = capacity
+        self.generation += 1
+
+    def reserve_prepared(self, max_depth: int) -> None:
+        """The buffer of the heads' first results for trees of depth <= ``max_depth``."""
+        drafter = self.drafter
+        rows = max(int(max_depth), 1) if isinstance(drafter, MedusaDrafter) else 1
+        depth = rows if isinstance(drafter, MedusaDrafter) else drafter.heads.num_heads
+        if self.prepared is not None and self.prepared.shape[0] == rows:
+            return
+        heads = drafter.heads
+        dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
+            else self.dtype
+        self.prepared = torch.zeros(rows, heads.vocab_size, dtype=dtype, device=self.device)
+        self.prepared_depth = depth
+        self.generation += 1
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        tensors = [self.pending, self.hidden, self.past_len]
+        return tensors + ([self.prepared] if self.prepared is not None else [])
+
+    def save_state(self) -> list[torch.Tensor]:
+        """A copy of the state buffers. With ``restore_state`` a step can run again from the
+        same state (warm-up, timing): a step writes cache slots at or after the past length
+        only, which the next step writes before it reads them."""
+        return [t.clone() for t in self.state_tensors()]
+
+    def restore_state(self, saved: list[torch.Tensor]) -> None:
+        for tensor, value in zip(self.state_tensors(), saved, strict=True):
+            tensor.copy_(value)
+
+    # -- steps -----------------------------------------------------------------------------
+    def tree_step(self, tree: Tree, *, base_entropy: bool = False, prepare_depth: int = 0,
+                  fuse: bool = False) -> TreeStep:
+        """The (cached) step of ``tree``.
+
+        ``base_entropy``: output the accepted path's base entropies. ``prepare_depth`` > 0
+        (draft-entropy schedules): draft from the prepared buffer and prepare the next state
+        for trees of depth <= ``prepare_depth``. ``fuse``: an empty tree whose Medusa heads
+        share the lm_head prepares in its base projection.
+        """
+        flags = (base_entropy, prepare_depth, fuse)
+        known = self._steps_by_id.get((id(tree), *flags))
+        if known is not None:  # holding the tree keeps its id from being reused
+            return known[1]
+        # Keyed by the tree's paths (Tree compares by value): equal trees of different
+        # schedulers share one step and its graph.
+        step = self._steps.get((tree, *flags))
+        if step is None:
+            plan = tree_plan(tree, self.topk, self.device)
+            step = TreeStep(self, plan, base_entropy=base_entropy, prepare_depth=prepare_depth,
+                            fuse=fuse)
+            self._steps[(tree, *flags)] = step
+        self._steps_by_id[(id(tree), *flags)] = (tree, step)
+        return step
+
+    def step_for(self, tree: Tree, options: StepOptions) -> TreeStep:
+        return self.tree_step(tree, base_entropy=options.base_entropy,
+                              prepare_depth=options.prepare_depth,
+                              fuse=options.fuse_empty and tree.num_nodes == 0)
+
+    @torch.inference_mode()
+    def warm_up(self, scheduler: Scheduler, max_context: int, *, fuses_empty: bool = False
+                ) -> None:
+        """Reserve the cache for contexts up to ``max_context`` (prompt + new tokens) and build
+        every step ``scheduler`` may run; with graphs also capture them now, so that decoding
+        never pays a capture (else each step is captured on its first use)."""
+        options = StepOptions.of(scheduler, fuses_empty)
+        self.reserve(max_context + max(tree.num_nodes + 1 for tree in scheduler.trees))
+        steps: list[TreeStep | PrepareStep] = [self.step_for(t, options) for t in scheduler.trees]
+        if options.prepare_depth:
+            self.reserve_prepared(options.prepare_depth)
+            steps.append(self.prepare_step(options.prepare_depth))
+        if self.graphs:
+            for step in steps:
+                self._ensure_graph(step)
+
+    def prepare_step(self, max_depth: int) -> PrepareStep:
+        step = self._prepare_steps.get(max_depth)
+        if step is None:
+            step = PrepareStep(self, max_depth)
+            self._prepare_steps[max_depth] = step
+        return step
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Run ``prompt`` [P] into an empty cache; set the state; return its last logits [V].
+
+        Not captured (its shape is the prompt's). The pending token is the logits' argmax.
+        """
+        length = int(prompt.shape[0])
+        positions = torch.arange(length, device=self.device)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
+        if self.full_window:
+            mask = torch.zeros(length, self.capacity, dtype=torch.bool, device=self.device)
+            mask[:, :length] = causal
+            kv_len = None
+        else:
+            mask, kv_len = causal, length
+        hidden = self.net.backbone(self.cache, prompt, positions, positions, mask, kv_len)
+        last = hidden[-1:]
+        logits = self.net.logits(last)[0]
+        self.pending.copy_(logits.argmax().reshape(1))
+        self.hidden.copy_(last)
+        self.past_len.fill_(length)
+        return logits
+
+    @torch.inference_mode()
+    def run(self, step: TreeStep | PrepareStep, past_len: int) -> None:
+        """Run ``step`` at host-known ``past_len`` (replaying its graph when graphs are on)."""
+        if not self.graphs:
+            step.body(past_len)
+            return
+        self._ensure_graph(step).replay()
+
+    @torch.inference_mode()
+    def timed_run(self, step: TreeStep | PrepareStep, past_len: int) -> float:
+        """Milliseconds of one run of ``step`` from the current state, launch to readback as
+        decoding runs it; the state is restored afterwards, so a profiler can time every tree at
+        one fixed context (the step writes cache slots at or after ``past_len`` only)."""
+        saved = self.save_state()
+        start = time.perf_counter()
+        self.run(step, past_len)
+        step.readback()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        self.restore_state(saved)
+        return elapsed
+
+    def _ensure_graph(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
+        if step.graph is None or step.graph_generation != self.generation:
+            step.graph = None
+            step.graph = self._capture(step)
+            step.graph_generation = self.generation
+        return step.graph
+
+    def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
+        """Warm up ``step`` on a side stream, restoring the state after each run, then capture
+        (PyTorch's documented recipe: static inputs, allocations from the graph's own pool, no
+        host sync inside)."""
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved(self.device)
+        start = time.perf_counter()
+        original = self.save_state()
+        # The warm-up runs from the live state unless its past length (left by an earlier
+        # generation, whose cache the next prefill overwrites) leaves no room for the step's
+        # cache writes. Mid-generation the reserve always leaves that room.
+        self.past_len.clamp_(max=self.capacity - step.cache_width)
+        warm = self.save_state()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_RUNS):
+                step.body(None)
+                self.restore_state(warm)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step.body(None)
+        self.restore_state(original)
+        torch.cuda.synchronize()
+        self.capture_log.append(CaptureRecord(
+            step.name, (time.perf_counter() - start) * 1000.0,
+            torch.cuda.memory_reserved(self.device) - reserved,
+        ))
+        return graph
+
+
+class TreeStep:
+    """Draft, verify, accept and compact one tree (``plan``) from the engine's state buffers."""
+
+    def __init__(self, engine: StaticEngine, plan: TreePlan, *, base_entropy: bool,
+                 prepare_depth: int, fuse: bool) -> None:
+        if (plan.depth or prepare_depth) and engine.drafter is None:
+            raise EntmtpError("a tree with drafted nodes needs draft heads")
+        if fuse and (plan.num_nodes or not prepare_depth
+                     or not isinstance(engine.drafter, MedusaDrafter)):
+            raise EntmtpError("only an empty tree with Medusa heads fuses the next preparation")
+        self.engine = engine
+        self.plan = plan
+        self.base_entropy = base_entropy
+        self.prepare_depth = int(prepare_depth)
+        self.fuse = bool(fuse)
+        self.cache_width = plan.size  # cache slots it writes after the past length
+        self.name = (f"tree q={plan.size} depth={plan.depth}"
+                     + (f" prepare={prepare_depth}" if prepare_depth else "")
+                     + (" fused" if fuse else ""))
+        device = engine.device
+        width = plan.depth + 1
+        self.slots = torch.arange(plan.size, device=device)  # [q] cache slot offsets
+        self.keep_slots = torch.arange(width, device=device)  # [D+1]
+        self.root_only = self.slots == 0  # [q] bool
+        self.out_ints = torch.zeros(2 + width, dtype=torch.int64, device=device)
+        self.out_floats = torch.full((width + 1,), math.nan, dtype=torch.float32, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_generation = -1
+
+    def readback(self) -> StepReadback:
+        """The host's one read of the step's outputs (the only sync of a step)."""
+        ints = self.out_ints.tolist()
+        floats = self.out_floats.tolist() if self.base_entropy or self.prepare_depth else []
+        length = ints[0]
+        return StepReadback(
+            length=length, next_token=ints[1], path_tokens=ints[2 : 2 + length],
+            base_entropies=floats[:length] if self.base_entropy else [],
+            draft_entropy=floats[-1] if self.prepare_depth else math.nan,
+        )
+
+    # The phases: ``body`` runs them in a row; a timed run syncs between them.
+    def draft(self) -> torch.Tensor:
+        """Tokens [q] of the tree's nodes, root first."""
+        engine, plan = self.engine, self.plan
+        if plan.depth == 0:
+            return engine.pending
+        prepared = Prepared(engine.prepared_depth, engine.prepared) if self.prepare_depth \
+            else None
+        return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
+
+    def verify(self, tokens: torch.Tensor, past_len: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Hidden states [q, H] and logits [q, V] of the tree; when fused also the next step's
+        prepared heads [prepare_depth, V]."""
+        engine, plan = self.engine, self.plan
+        past = engine.past_len
+        mask, kv_len = self._mask(past_len)
+        hidden = engine.net.backbone(engine.cache, tokens, plan.depths + past, self.slots + past,
+                                     mask, kv_len)
+        if self.fuse:
+            logits, prepared = engine.drafter.project_with_base(hidden, self.prepare_depth)
+            return hidden, logits, prepared.logits
+        return hidden, engine.net.logits(hidden), None
+
+    def _mask(self, past_len: int | None) -> tuple[torch.Tensor | None, int | None]:
+        engine, plan = self.engine, self.plan
+        if not engine.full_window:
+            if past_len is None:
+                raise EntmtpError("a filled-window step needs the host's past length")
+            if plan.size == 1:
+                return None, past_len + 1
+            return plan.attention_mask(past_len, engine.dtype)[0, 0], past_len + plan.size
+        relative = engine.columns - engine.past_len  # [capacity]: slot - past length
+        in_tree = (relative >= 0) & (relative < plan.size)
+        tree_part = plan.tree_mask.index_select(1, relative.clamp(0, plan.size - 1))
+        return (relative < 0)[None, :] | (tree_part & in_tree[None, :]), None
+
+    def accept(self, tokens: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
+               prepared: torch.Tensor | None) -> None:
+        """Greedy acceptance, compaction, outputs and the state update (tensor ops only)."""
+        engine, plan = self.engine, self.plan
+        argmax = logits.argmax(dim=-1)  # [q]
+        if plan.num_nodes == 0:
+            length = self.out_ints.new_ones(1)
+            path = self.keep_slots  # [1]: the root
+            next_token = argmax
+            leaf_hidden = hidden
+        else:
+            node_ok = (tokens == argmax[plan.parents]) | self.root_only
+            rows = node_ok[plan.retrieve] & plan.retrieve_valid  # [leaves, D+1]
+            lengths = rows.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [leaves]
+            best = lengths.argmax().reshape(1)  # the first longest, as greedy_accept
+            length = lengths.index_select(0, best)  # [1]
+            path = plan.retrieve.index_select(0, best)[0]  # [D+1], 0-padded
+            leaf = path.gather(0, length - 1)  # [1]
+            next_token = argmax.index_select(0, leaf)
+            leaf_hidden = hidden.index_select(0, leaf)
+            compact_static_cache(engine.cache, engine.past_len, path, self.keep_slots)
+        self.out_ints.copy_(torch.cat([length, next_token, tokens.index_select(0, path)]))
+        width = plan.depth + 1
+        if self.base_entropy:
+            self.out_floats[:width].copy_(entropy_from_logits(logits.index_select(0, path)))
+        if prepared is not None:
+            _store_prepared(engine, prepared, self.out_floats[width:])
+        engine.pending.copy_(next_token)
+        engine.hidden.copy_(leaf_hidden)
+        engine.past_len.add_(length[0])
+
+    def prepare_next(self) -> None:
+        """The heads' first results at the new state (unless fused into ``verify``)."""
+        if self.prepare_depth and not self.fuse:
+            _prepare_into(self.engine, self.prepare_depth, self.out_floats[self.plan.depth + 1:])
+
+    def body(self, past_len: int | None) -> None:
+        tokens = self.draft()
+        hidden, logits, prepared = self.verify(tokens, past_len)
+        self.accept(tokens, hidden, logits, prepared)
+        self.prepare_next()
+
+    def timed(self, past_len: int, clock: Callable[[], float]) -> tuple[float, float, float]:
+        """``body`` with a clock read (a device sync) after each phase: draft (the next state's
+        preparation included), verify and bookkeeping milliseconds. Never captured."""
+        t0 = clock()
+        tokens = self.draft()
+        t1 = clock()
+        hidden, logits, prepared = self.verify(tokens, past_len)
+        t2 = clock()
+        self.accept(tokens, hidden, logits, prepared)
+        t3 = clock()
+        self.prepare_next()
+        t4 = clock()
+        return (t1 - t0) + (t4 - t3), t2 - t1, t3 - t2
+
+
+class PrepareStep:
+    """The heads' first results at the state (for trees of depth <= ``max_depth``) into the
+    engine's prepared buffer, and head 1's entropy into ``out_floats`` [1]."""
+
+    def __init__(self, engine: StaticEngine, max_depth: int) -> None:
+        self.engine = engine
+        self.max_depth = int(max_depth)
+        self.name = "prepare"
+        self.cache_width = 0
+        self.out_floats = torch.zeros(1, dtype=torch.float32, device=engine.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_generation = -1
+
+    def body(self, past_len: int | None) -> None:
+        _prepare_into(self.engine, self.max_depth, self.out_floats)
+
+    def readback(self) -> float:
+        return self.out_floats.tolist()[0]
+
+
+def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tensor) -> None:
+    """``prepare`` at the engine's state into its prepared buffer; head 1's entropy into
+    ``entropy_out`` [1]."""
+    prepared = engine.drafter.prepare(engine.pending, engine.hidden, max_depth)
+    _store_prepared(engine, prepared.logits, entropy_out)
+
+
+def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: torch.Tensor) -> None:
+    engine.prepared.copy_(logits)
+    entropy_out.copy_(entropy_from_logits(logits[:1]))
+
+
+def static_generate(
+    engine: StaticEngine,
+    prompt: torch.Tensor,
+    scheduler: Scheduler,
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    fuse_empty: bool = False,
+    breakdown: bool = False,
+    on_step: Callable[[StepLog | None, list[int]], None] | None = None,
+) -> DecodeResult:
+    """Greedy decoding on ``engine``'s static steps; the eager ``generate``'s result and logs.
+
+    ``fuse_empty``: the heads fuse with the base projection (``fuses_with_base``). Without
+    ``breakdown`` a step is timed by host clock reads with no device sync beyond its readback,
+    and its time from launch to readback is logged as ``verify_ms`` (choosing the tree as
+    ``bookkeeping_ms``); with it, each phase is timed with a device sync in between
+    (uncaptured), as the eager path logs it.
+    """
+    from ._decode import DecodeResult, StepLog, _cut  # the eager decoder's records
+
+    eos = frozenset(int(t) for t in eos_token_ids)
+    options = StepOptions.of(scheduler, fuse_empty)
+    by_draft, base_signal = options.prepare_depth > 0, options.base_entropy
+    engine.warm_up(scheduler, int(prompt.shape[0]) + max_new_tokens, fuses_empty=fuse_empty)
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
+
+    def now() -> float:
+        return time.perf_counter() * 1000.0
+
+    def synced_now() -> float:
+        if sync is not None:
+            sync()
+        return now()
+
+    start = now()
+    last_logits = engine.prefill(prompt)
+    draft_entropy = math.nan  # head 1's entropy at the next step's state (draft signal)
+    if by_draft:
+        preparing = engine.prepare_step(options.prepare_depth)
+        engine.run(preparing, int(prompt.shape[0]))
+        draft_entropy = preparing.readback()
+    if base_signal:
+        h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
+                                 last_logits.argmax().float()]).tolist()
+    else:
+        first, h0 = int(last_logits.argmax()), math.nan
+    tokens = [int(first)]
+    past_len = int(prompt.shape[0])
+    scheduler.reset()
+    if not by_draft:
+        scheduler.observe([h0])
+    prefill_ms = now() - start
+    if on_step is not None:
+        on_step(None, list(tokens))
+
+    log: list[StepLog] = []
+    decode_start = now()
+    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
+        t0 = now()
+        emitted_before = len(tokens)
+        if by_draft:
+            scheduler.observe_draft(draft_entropy)
+        choice = scheduler.choose()
+        tree = choice.tree
+        step = engine.step_for(tree, options)
+        t1 = now()
+        if breakdown:
+            draft_ms, verify_ms, accept_ms = step.timed(past_len, synced_now)
+        else:
+            engine.run(step, past_len)
+        out = step.readback()
+        past_len += out.length
+        drafts = _cut(out.path_tokens[1:], max_new_tokens - len(tokens), eos)
+        position = len(tokens) - 1
+        tokens.extend(drafts)
+        if len(tokens) < max_new_tokens and tokens[-1] not in eos:
+            tokens.append(out.next_token)
+        if base_signal:
+            scheduler.observe(out.base_entropies[: len(drafts) + 1])
+        draft_entropy = out.draft_entropy
+        t2 = now()
+        if not breakdown:
+            draft_ms, verify_ms, accept_ms = 0.0, t2 - t1, 0.0
+        else:
+            accept_ms += t2 - t1 - (draft_ms + verify_ms + accept_ms)
+        log.append(StepLog(
+            position=position,
+            entropy_estimate=choice.estimate,
+            tree_index=choice.index,
+            num_nodes=tree.num_nodes,
+            depth=tree.depth,
+            accept_length=len(tokens) - emitted_before,
+            draft_ms=draft_ms,
+            verify_ms=verify_ms,
+            bookkeeping_ms=(t1 - t0) + accept_ms,
+        ))
+        if on_step is not None:
+            on_step(log[-1], tokens[emitted_before:])
+    decode_ms = now() - decode_start
+    return DecodeResult(tokens=tokens, steps=len(log),
+                        accept_lengths=[s.accept_length for s in log], prefill_ms=prefill_ms,
+                        decode_ms=decode_ms, step_log=log)

@@ -1,0 +1,178 @@
+"""The compact static-cache forward equals transformers' forward (prefill and tree steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from entmtp.runtime._kv_cache import new_cache
+from entmtp.runtime._static_model import StaticLlama, compact_static_cache, static_support
+from entmtp.runtime._tree_attention import tree_plan
+from entmtp.runtime._verify import forward_tokens, tree_forward
+
+ROPES = {
+    "default": None,
+    "smollm2_theta": {"rope_type": "default", "rope_theta": 100000.0},
+    "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+               "rope_theta": 500000.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+             "rope_theta": 10000.0},
+}
+
+
+def _llama(kv_heads: int, rope: str, attn: str = "sdpa", seed: int = 0) -> LlamaForCausalLM:
+    extra = {} if ROPES[rope] is None else {"rope_parameters": ROPES[rope]}
+    config = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=80,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+                         max_position_embeddings=256, tie_word_embeddings=False, **extra)
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def _window(static: StaticLlama, cache, past_len: int, q: int, tree_mask, full: bool):
+    """Mask and kv_len of a tree of ``q`` nodes after ``past_len`` cached tokens."""
+    if not full:
+        mask = torch.ones(q, past_len + q, dtype=torch.bool)
+        mask[:, past_len:] = tree_mask
+        return mask, past_len + q
+    capacity = cache.shape[3]
+    mask = torch.zeros(q, capacity, dtype=torch.bool)
+    mask[:, :past_len] = True
+    mask[:, past_len : past_len + q] = tree_mask
+    return mask, None
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("rope", list(ROPES))
+@pytest.mark.parametrize("full", [False, True])
+def test_prefill_and_tree_step_equal_transformers(rt, kv_heads, rope, full):
+    model = _llama(kv_heads, rope)
+    assert static_support(model) is None
+    static = StaticLlama(model)
+    rng = np.random.default_rng(kv_heads)
+    prompt = torch.tensor(rng.integers(0, 96, size=70))  # past yarn's / llama3's original
+    tree = rt.random_tree(rng, 12, depth=4, topk=4)
+    plan = tree_plan(tree, 4)
+    tokens = torch.tensor(rng.integers(0, 96, size=plan.size))
+    with torch.inference_mode():
+        reference_logits = model(prompt[None]).logits[0]
+        eager_cache = new_cache(model)
+        forward_tokens(model, eager_cache, prompt[None])
+        _, reference_tree = tree_forward(model, eager_cache, plan, tokens, len(prompt),
+                                         dtype=torch.float32)
+
+        cache = static.new_cache(len(prompt) + plan.size + 5)
+        p = len(prompt)
+        causal = torch.ones(p, p, dtype=torch.bool).tril()
+        mask, kv_len = _window(static, cache, 0, p, causal, full)
+        hidden = static.backbone(cache, prompt, torch.arange(p), torch.arange(p), mask, kv_len)
+        torch.testing.assert_close(static.logits(hidden), reference_logits, rtol=1e-5,
+                                   atol=1e-5)
+        mask, kv_len = _window(static, cache, p, plan.size, plan.tree_mask, full)
+        hidden = static.backbone(cache, tokens, plan.depths + p, torch.arange(plan.size) + p,
+                                 mask, kv_len)
+        torch.testing.assert_close(static.logits(hidden), reference_tree, rtol=1e-5, atol=1e-5)
+        # the cache holds what transformers' cache holds, tree entries included
+        for index, layer in enumerate(eager_cache.layers):
+            length = layer.keys.shape[2]
+            torch.testing.assert_close(cache[index, 0, :, :length], layer.keys[0], rtol=1e-5,
+                                       atol=1e-5)
+            torch.testing.assert_close(cache[index, 1, :, :length], layer.values[0],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_weights_are_shared_by_reference(rt):
+    model = rt.sharp_llama(1)
+    static = StaticLlama(model)
+    assert static.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
+    assert static.inv_freq.data_ptr() == model.model.rotary_emb.inv_freq.data_ptr()
+
+
+def test_unsupported_models_say_why():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    assert "model type 'gpt2'" in static_support(model)
+    dynamic = _llama(2, "default")
+    dynamic.model.rotary_emb.rope_type = "dynamic"
+    assert "dynamic" in static_support(dynamic)
+
+
+def test_compaction_equals_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        past, q, depth = int(rng.integers(0, 6)), int(rng.integers(1, 9)), int(rng.integers(0, 4))
+        cache = torch.randn(2, 2, 3, past + q + 3, 4)
+        # an increasing node path from the root, padded with arbitrary nodes
+        length = int(rng.integers(1, min(depth, q - 1) + 2))
+        path = [0, *sorted(rng.choice(np.arange(1, q), size=length - 1, replace=False).tolist())]
+        padded = path + rng.integers(0, q, size=depth + 1 - length).tolist() \
+            if len(path) <= depth + 1 else path
+        padded = torch.tensor(padded[: max(depth + 1, length)])
+        expected = cache.clone()
+        expected[:, :, :, past : past + length] = cache[:, :, :, [past + n for n in path]]
+        compact_static_cache(cache, torch.tensor(past), padded, torch.arange(len(padded)))
+        torch.testing.assert_close(cache[..., : past + length, :],
+                                   expected[..., : past + length, :], rtol=0, atol=0)
+
+
+def test_cpu_linears_keep_the_few_row_kernel(rt, monkeypatch):
+    import entmtp.calibrate._row_gemm as row_gemm
+
+    model = rt.sharp_llama(2)
+    linears = row_gemm.use_few_row_kernel(model)
+    calls = []
+    real = row_gemm.project_rows
+
+    def counting(features, weight, bias):
+        calls.append(features.shape[-2])
+        return real(features, weight, bias)
+
+    monkeypatch.setattr(row_gemm, "project_rows", counting)
+    static = StaticLlama(model)
+    cache = static.new_cache(16)
+    with torch.inference_mode():
+        hidden = static.backbone(cache, torch.tensor([5, 6, 7]), torch.arange(3),
+                                 torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril(), 3)
+        static.logits(hidden)
+    assert linears == 7 * len(static.layers) + 1 and calls == [3] * linears
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_other_llama_block_families_equal_transformers(rt, family):
+    import transformers
+
+    config_class = {"mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}
+    model_class = {"mistral": transformers.MistralForCausalLM,
+                   "qwen2": transformers.Qwen2ForCausalLM}
+    config = config_class[family](vocab_size=96, hidden_size=48, intermediate_size=80,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=256,
+                                  sliding_window=None, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = model_class[family](config).eval()
+    assert static_support(model) is None
+    static = StaticLlama(model)
+    rng = np.random.default_rng(1)
+    prompt = torch.tensor(rng.integers(0, 96, size=20))
+    plan = tree_plan(rt.random_tree(rng, 8, depth=3, topk=4), 4)
+    tokens = torch.tensor(rng.integers(0, 96, size=plan.size))
+    with torch.inference_mode():
+        eager_cache = new_cache(model)
+        forward_tokens(model, eager_cache, prompt[None])
+        _, reference = tree_forward(model, eager_cache, plan, tokens, len(prompt),
+                                    dtype=torch.float32)
+        cache = static.new_cache(64)
+        p = len(prompt)
+        static.backbone(cache, prompt, torch.arange(p), torch.arange(p),
+                        torch.ones(p, p, dtype=torch.bool).tril(), p)
+        mask, kv_len = _window(static, cache, p, plan.size, plan.tree_mask, False)
+        hidden = static.backbone(cache, tokens, plan.depths + p, torch.arange(plan.size) + p,
+                                 mask, kv_len)
+        torch.testing.assert_close(static.logits(hidden), reference, rtol=1e-5, atol=1e-5)

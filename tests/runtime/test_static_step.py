@@ -1,0 +1,378 @@
+"""The static-shape runtime decodes exactly what the eager runtime and ``model.generate`` do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from entmtp.calibrate._heads import new_heads
+from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
+from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._estimator import EntropyEstimator
+from entmtp.treesearch._run import reference_tree
+from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
+from entmtp.treesearch._tree import Tree
+
+NUM_HEADS = 4
+TOPK = 10
+PROMPTS = [[1, 17, 42, 99, 5], [1, 3], [1, 60, 61, 62, 63, 64, 65, 66, 120]]
+TREES = {
+    "empty": Tree.from_paths([]),
+    "chain": Tree.from_paths([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]),
+    "wide": Tree.from_paths([[r] for r in range(10)]),
+    "deep": Tree.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1],
+                             [0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 0], [0, 1, 0, 0]]),
+    "mc_sim_7b_63": reference_tree("mc_sim_7b_63"),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(rt):
+    model = rt.sharp_llama(3)
+    references = {tuple(p): rt.greedy_reference(model, torch.tensor(p), 40) for p in PROMPTS}
+    return model, references
+
+
+def _noisy_heads(model, head_type: str, *, seed: int = 1, scale: float = 0.05, **kwargs):
+    heads = new_heads(model, head_type=head_type, num_heads=NUM_HEADS, seed=seed, **kwargs)
+    generator = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+    return heads
+
+
+def _logged(result) -> list[tuple]:
+    return [(s.position, s.tree_index, s.num_nodes, s.depth, s.accept_length)
+            for s in result.step_log]
+
+
+def _same_run(static, eager) -> None:
+    assert static.tokens == eager.tokens
+    assert static.accept_lengths == eager.accept_lengths
+    assert _logged(static) == _logged(eager)
+    for a, b in zip(static.step_log, eager.step_log, strict=True):
+        assert a.entropy_estimate == pytest.approx(b.entropy_estimate, abs=1e-4, nan_ok=True)
+
+
+@pytest.mark.parametrize("window", ["filled", "full"])
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_every_tree_is_token_identical_to_eager_and_generate(rt, setup, head_type, window):
+    """Oracle heads accept varied paths; EOS and max_new_tokens cut the last step."""
+    model, references = setup
+    rng = np.random.default_rng(21 if head_type == "medusa" else 22)
+    for case, (name, tree) in enumerate(TREES.items()):
+        for prompt in PROMPTS:
+            ids = torch.tensor(prompt)
+            reference = references[tuple(prompt)]
+            ranks = rt.random_ranks(rng, len(reference), NUM_HEADS, TOPK, miss=0.2)
+            heads = rt.OracleHeads(model, ids, reference, ranks, head_type=head_type, topk=TOPK,
+                                   seed=case)
+            static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+            eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+            assert static.static_engine is not None and eager.static_engine is None
+            max_new = int(rng.integers(1, 40))
+            eos = [reference[int(rng.integers(1, 30))]] if case % 2 else []
+            got = static.generate(ids, StaticScheduler(tree), max_new_tokens=max_new,
+                                  eos_token_ids=eos)
+            want = eager.generate(ids, StaticScheduler(tree), max_new_tokens=max_new,
+                                  eos_token_ids=eos)
+            _same_run(got, want)
+            stop = reference.index(eos[0]) + 1 if eos else max_new
+            assert got.tokens == reference[: min(stop, max_new)], (name, prompt)
+
+
+@pytest.mark.parametrize("window", ["filled", "full"])
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_real_heads_on_random_trees(rt, setup, head_type, window):
+    model, references = setup
+    heads = _noisy_heads(model, head_type)
+    rng = np.random.default_rng(5)
+    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    for case in range(4):
+        tree = rt.random_tree(rng, int(rng.integers(0, 60)), depth=NUM_HEADS, topk=TOPK)
+        prompt = PROMPTS[case % len(PROMPTS)]
+        got = static.generate(torch.tensor(prompt), StaticScheduler(tree), max_new_tokens=30)
+        want = eager.generate(torch.tensor(prompt), StaticScheduler(tree), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+
+
+def _two_tree_schedule(signal: str, trees, eager: SpeculativeDecoder, prompts) -> Schedule:
+    """Thresholds at the median estimate of an eager run, so that both trees serve steps."""
+    probe = Schedule(trees, (1e9,), EntropyEstimator.last(), signal)
+    estimates = []
+    for prompt in prompts:
+        run = eager.generate(torch.tensor(prompt), BundleScheduler(probe), max_new_tokens=30)
+        estimates += [s.entropy_estimate for s in run.step_log]
+    values = np.unique(estimates)
+    middle = len(values) // 2
+    threshold = float((values[middle - 1] + values[middle]) / 2)
+    return Schedule(trees, (threshold,), EntropyEstimator.last(), signal)
+
+
+@pytest.mark.parametrize("window", ["filled", "full"])
+@pytest.mark.parametrize(("head_type", "signal"), [
+    ("medusa", BASE_ENTROPY), ("hydra", BASE_ENTROPY),
+    ("medusa", DRAFT_ENTROPY), ("hydra", DRAFT_ENTROPY),
+])
+def test_bundle_schedules_on_both_signals_match_eager(rt, setup, head_type, signal, window):
+    """Entropy-switched trees (with the empty tree: fused for Medusa's draft signal)."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    assert static.fuses_empty == (head_type == "medusa")
+    trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+        (TREES["empty"], TREES["mc_sim_7b_63"])
+    schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+    used = set()
+    for prompt in PROMPTS:
+        got = static.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+        used.update(s.tree_index for s in got.step_log)
+    assert used == {0, 1}
+
+
+@pytest.mark.parametrize("engine", ["auto", "eager"])
+def test_autoregressive_runs_on_the_same_step_machinery(rt, setup, engine):
+    model, references = setup
+    for prompt in PROMPTS:
+        reference = references[tuple(prompt)]
+        result = autoregressive_generate(model, prompt, max_new_tokens=25, engine=engine)
+        assert result.tokens == reference[:25] and result.accept_lengths == [1] * 24
+        eos = reference[7]
+        cut = autoregressive_generate(model, prompt, max_new_tokens=25, eos_token_ids=[eos],
+                                      engine=engine)
+        assert cut.tokens == reference[: reference.index(eos) + 1]
+
+
+def test_full_window_ignores_whatever_the_unfilled_cache_holds(rt, setup):
+    model, references = setup
+    heads = _noisy_heads(model, "hydra")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.reserve(400)
+    with torch.inference_mode():  # the cache is an inference tensor
+        engine.cache.normal_(0.0, 100.0)
+    for prompt in PROMPTS:
+        got = decoder.generate(torch.tensor(prompt), StaticScheduler(TREES["mc_sim_7b_63"]),
+                               max_new_tokens=30)
+        assert got.tokens == references[tuple(prompt)][:30]
+    assert engine.capacity == 512  # reserved once, never shrunk or reallocated
+
+
+class _HostSync(AssertionError):
+    pass
+
+
+@pytest.fixture
+def forbid_host_sync(monkeypatch):
+    """Make every Tensor -> Python read raise (what would sync a device)."""
+    def make(name):
+        def refuse(self, *args, **kwargs):
+            raise _HostSync(f"Tensor.{name} inside a static step")
+        return refuse
+
+    def forbid():
+        for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__",
+                     "__index__"):
+            monkeypatch.setattr(torch.Tensor, name, make(name))
+
+    return forbid
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type,
+                                                            forbid_host_sync):
+    model, _ = setup
+    heads = _noisy_heads(model, head_type)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.reserve(128)
+    engine.reserve_prepared(NUM_HEADS)
+    engine.prefill(torch.tensor(PROMPTS[0]))
+    steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
+    steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
+              engine.tree_step(TREES["empty"], prepare_depth=4)]
+    if head_type == "medusa":
+        steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
+    forbid_host_sync()
+    with torch.inference_mode():
+        for step in steps:
+            step.body(None)
+    with pytest.raises(_HostSync):  # the check can fail
+        torch.ones(2).sum().item()
+
+
+def test_breakdown_times_phases_and_decodes_the_same(rt, setup):
+    model, references = setup
+    heads = _noisy_heads(model, "medusa")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, breakdown=True)
+    result = decoder.generate(torch.tensor(PROMPTS[2]), StaticScheduler(TREES["deep"]),
+                              max_new_tokens=20)
+    assert result.tokens == references[tuple(PROMPTS[2])][:20]
+    assert all(s.draft_ms > 0 and s.verify_ms > 0 and s.bookkeeping_ms >= 0
+               for s in result.step_log)
+
+
+def test_unsupported_models_stay_eager_and_say_so(rt):
+    model = rt.sharp_llama(4)
+    model.model.rotary_emb.rope_type = "dynamic"  # inv_freq would change with the length
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    decoder = SpeculativeDecoder(model, heads, topk=4)
+    assert decoder.static_engine is None
+    assert "eager runtime" in decoder.runtime_note and "dynamic" in decoder.runtime_note
+    with pytest.raises(EntmtpError, match="engine='static'"):
+        SpeculativeDecoder(model, heads, topk=4, engine="static")
+    with pytest.raises(EntmtpError, match="engine 'fast'"):
+        SpeculativeDecoder(model, heads, topk=4, engine="fast")
+    supported = SpeculativeDecoder(rt.sharp_llama(4), heads, topk=4)
+    assert "static-shape runtime (no graphs on cpu)" in supported.runtime_note
+    assert "sampling" in supported.runtime_note
+
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda's graph API on the CPU: capture records the step bodies run
+    inside it and undoes what they did (a real capture executes nothing); replay runs them."""
+
+    def __init__(self, engine, monkeypatch):
+        from contextlib import nullcontext
+
+        import entmtp.runtime._static_step as static_step
+
+        self.engine = engine
+        self.recording = None
+        self.captures = 0
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                for call in self.calls:
+                    call()
+
+        class Capture:
+            def __init__(self, graph):
+                self.graph = graph
+
+            def __enter__(self):
+                fake.saved = [t.clone() for t in [*engine.state_tensors(), engine.cache]]
+                fake.recording = self.graph
+                fake.captures += 1
+
+            def __exit__(self, *exc):
+                fake.recording = None
+                for tensor, value in zip([*engine.state_tensors(), engine.cache], fake.saved,
+                                         strict=True):
+                    tensor.copy_(value)
+
+        class Stream:
+            def __init__(self, *args):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        for cls in (static_step.TreeStep, static_step.PrepareStep):
+            original = cls.body
+
+            def body(step, past_len, original=original):
+                if fake.recording is not None:
+                    fake.recording.calls.append(lambda: original(step, None))
+                original(step, past_len)
+
+            monkeypatch.setattr(cls, "body", body)
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(cuda, "graph", Capture)
+        monkeypatch.setattr(cuda, "Stream", Stream)
+        monkeypatch.setattr(cuda, "stream", lambda s: nullcontext())
+        monkeypatch.setattr(cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: 0)
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
+                                                   ("hydra", BASE_ENTROPY)])
+def test_graph_bookkeeping_captures_each_step_once_and_replays_it(rt, setup, head_type, signal,
+                                                                  monkeypatch):
+    """With graph capture emulated on the CPU: warm-up leaves the state as it was, each step is
+    captured once and replayed, and a grown cache re-captures."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.graphs = True  # as on CUDA
+    fake = _FakeCuda(engine, monkeypatch)
+    trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+        (TREES["empty"], TREES["mc_sim_7b_63"])
+    schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+    for prompt in PROMPTS:
+        got = decoder.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+    captured = [record.step for record in engine.capture_log]
+    assert len(captured) == len(set(captured)) == fake.captures >= 2  # once per step object
+    engine.reserve(engine.capacity + 1)  # a new cache: every graph is captured again
+    decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
+    assert fake.captures > len(captured)
+
+
+def test_warm_up_captures_every_step_before_decoding(rt, setup, monkeypatch):
+    """``warm_up`` captures all steps of a schedule up front, also right after a generation
+    that left a past length with no room for a larger tree (the warm-up then runs lower)."""
+    model, references = setup
+    heads = _noisy_heads(model, "medusa", scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    engine = decoder.static_engine
+    engine.graphs = True
+    fake = _FakeCuda(engine, monkeypatch)
+    long_prompt = torch.tensor(PROMPTS[2])
+    chain = StaticScheduler(TREES["chain"])
+    got = decoder.generate(long_prompt, chain, max_new_tokens=100)
+    assert engine.capacity == 128 and int(engine.past_len) + 64 > engine.capacity
+    assert got.tokens == eager.generate(long_prompt, chain, max_new_tokens=100).tokens
+    big = StaticScheduler(TREES["mc_sim_7b_63"])  # 64 tokens per step
+    decoder.warm_up(big, max_context=len(PROMPTS[1]) + 10)
+    assert engine.capacity == 128 and fake.captures == 2
+    before = fake.captures
+    short = decoder.generate(torch.tensor(PROMPTS[1]), big, max_new_tokens=10)
+    assert fake.captures == before  # nothing left to capture
+    assert short.tokens == references[tuple(PROMPTS[1])][:10]
+
+
+def test_timed_runs_repeat_the_same_step_from_the_same_state(rt, setup):
+    """What a latency profiler needs: any tree, many times, at one fixed context."""
+    model, _ = setup
+    heads = _noisy_heads(model, "hydra", scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    engine = decoder.static_engine
+    prompt = torch.tensor(PROMPTS[2])
+    decoder.warm_up(StaticScheduler(TREES["mc_sim_7b_63"]), max_context=40)
+    with torch.inference_mode():
+        engine.prefill(prompt)
+        past = len(prompt)
+        context = engine.cache[..., :past, :].clone()
+        state = engine.save_state()
+        for tree in (TREES["mc_sim_7b_63"], TREES["empty"], TREES["chain"]):
+            step = engine.tree_step(tree)
+            outputs = []
+            for _ in range(3):
+                engine.timed_run(step, past)
+                outputs.append(step.out_ints.tolist())
+                assert all(torch.equal(a, b) for a, b in zip(engine.state_tensors(), state,
+                                                              strict=True))
+                assert torch.equal(engine.cache[..., :past, :], context)
+            assert outputs[0] == outputs[1] == outputs[2]
