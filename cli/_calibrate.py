@@ -22,7 +22,12 @@ from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings
 from entmtp.treesearch._storage import open_storage
 
 from ._errors import user_errors
-from ._model_setup import load_model_and_heads
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    check_device_and_dtype,
+    load_model_and_heads,
+)
 from ._runs import RunDir, search_stage
 from .app import app
 
@@ -122,12 +127,17 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
         LatencyModel.load(latency_file).save(run.latency)  # validates, then copies atomically
         return
     if run.latency.exists():
-        console.print(f"[dim]latency: reusing {run.latency}[/dim]")
+        hardware = LatencyModel.load(run.latency).hardware
+        where = ", ".join(str(hardware[k]) for k in ("device", "dtype") if hardware.get(k))
+        console.print(f"[dim]latency: reusing {run.latency}"
+                      f"{f' (measured on {where})' if where else ''}[/dim]")
         return
     from entmtp.runtime._latency_profile import profile_latency
 
-    base, draft_heads = loader()
-    with console.status("measuring verification latency of trees on this machine..."):
+    base, draft_heads = loader()  # on --device in --dtype: the steps are timed there
+    device = next(base.model.parameters()).device
+    with console.status(f"measuring verification latency of trees on {device} "
+                        f"({base.model.dtype})..."):
         latency = profile_latency(base.model, draft_heads)
     latency.save(run.latency)
 
@@ -161,11 +171,14 @@ def calibrate(
     shape_trials: int = typer.Option(0, "--shape-trials"),
     max_nodes: int = typer.Option(64, "--max-nodes"),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
 ) -> None:
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 
     Example: entmtp calibrate --task code --prompts 24 --out runs/code
     """
+    check_device_and_dtype(device, dtype)
     console = Console()
     run = RunDir(out or Path("runs") / f"{task}-{head_type}")
     try:
@@ -180,7 +193,8 @@ def calibrate(
     if storage is not None:
         open_storage(storage)  # fail now, not after the profile has been computed
     remove_stale_temp_files(run, shards, index)
-    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type))
+    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type,
+                                                          device=device, dtype=dtype))
     profile = profile_stage(
         run, task=task, loader=loader, data=data, split=split,
         num_prompts=prompts, max_new_tokens=max_new_tokens, topk=topk, seed=seed,

@@ -260,15 +260,95 @@ def test_bad_input_is_a_one_line_error(varied, tmp_path):
     assert not (tmp_path / "h").exists()
 
 
-@pytest.mark.parametrize("command", ["validate", "bench", "decode"])
-def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command):
+MODEL_COMMANDS = ["validate", "bench", "decode", "calibrate", "heads train", "latency"]
+
+
+def model_command_args(varied, command: str, out: Path) -> list:
+    heads = model_args(varied)[:4]
+    return {"validate": ["validate", varied.run, *heads],
+            "bench": ["bench", *heads, "--data", varied.data],
+            "decode": ["decode", varied.run, "--prompt", "hi", *heads],
+            "calibrate": ["calibrate", *model_args(varied), "--out", out],
+            "heads train": ["heads", "train", "--type", "medusa", "--model", varied.model,
+                            "--data", varied.data, "--out", out],
+            "latency": ["latency", *heads, "--out", out]}[command]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    heads = model_args(varied)[:4]
-    args = {"validate": ["validate", varied.run, *heads],
-            "bench": ["bench", *heads, "--data", varied.data],
-            "decode": ["decode", varied.run, "--prompt", "hi", *heads]}[command]
+    args = model_command_args(varied, command, tmp_path / "out")
     assert_one_line_error(invoke([*args, "--device", "cuda", "--dtype", "bf16"]), "--device cuda")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+@pytest.mark.parametrize(("option", "value"), [("--dtype", "int8"), ("--device", "tpu"),
+                                               ("--device", "cuda:x")])
+def test_bad_device_or_dtype_fails_before_any_side_effect(varied, command, option, value,
+                                                          tmp_path, monkeypatch):
+    import entmtp.calibrate._model as model_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(model_module, "load_base_model", no_load)
+    out = tmp_path / "out"
+    assert_one_line_error(invoke([*model_command_args(varied, command, out), option, value]),
+                          option)
+    assert not out.exists()
+
+
+def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_path,
+                                                                     monkeypatch):
+    import entmtp.runtime._latency_profile as latency_profile
+
+    timed = []
+
+    def fake_profile_latency(model, heads, **options):  # timing is not what is tested here
+        timed.append((next(model.parameters()).dtype, heads.dtype))
+        return LatencyModel.cpu_like()
+
+    monkeypatch.setattr(latency_profile, "profile_latency", fake_profile_latency)
+    run = tmp_path / "run"
+    result = invoke(["calibrate", *model_args(varied), "--prompts", 3, "--max-new-tokens", 8,
+                     "--schedule-trials", 4, "--validation-folds", 0, "--dtype", "bf16",
+                     "--device", "cpu", "--out", run])
+    assert result.exit_code == 0, result.output
+    assert timed == [(torch.bfloat16, torch.bfloat16)]
+    profile = Profile.load(run / "profile.npz")
+    assert profile.meta.extra["dtype"] == "bfloat16"
+    heads_sha256 = json.loads((varied.medusa / "config.json").read_text())["sha256"]
+    assert profile.meta.heads_sha256 == heads_sha256  # the stored heads, loaded in bf16
+    assert load_bundle(run / "bundle.json").heads.sha256 == heads_sha256
+
+
+def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypatch):
+    import entmtp.cli._heads_cmd as heads_cmd
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+
+    loaded = []
+    real_load_base = heads_cmd.load_base
+
+    def recording_load_base(*args, **kwargs):
+        base = real_load_base(*args, **kwargs)
+        loaded.append(next(base.model.parameters()).dtype)
+        return base
+
+    monkeypatch.setattr(heads_cmd, "load_base", recording_load_base)
+    out = tmp_path / "heads"
+    result = invoke(["heads", "train", "--type", "hydra", "--model", varied.model,
+                     "--data", varied.data, "--split", "all", "--prompts", 4, "--num-heads", 2,
+                     "--epochs", 1, "--batch-size", 16, "--max-new-tokens", 8,
+                     "--heldout-fraction", 0.25, "--dtype", "bf16", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert loaded == [torch.bfloat16]
+    config = json.loads((out / "config.json").read_text())
+    assert config["storage_dtype"] == "float16"
+    heads = load_heads(out, load_base_model(varied.model, dtype="bfloat16").model)
+    assert heads.num_heads == 2 and heads.sha256() == config["sha256"]
 
 
 def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
