@@ -112,7 +112,7 @@ def train(
 
     Example: entmtp heads train --type medusa --task chat --task code --prompts 200 --out heads/m
     """
-    check_device_and_dtype(device, dtype)
+    device, dtype_name = check_device_and_dtype(device, dtype)
     console = Console()
     if head_type not in HEAD_TYPES:
         raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
@@ -138,6 +138,8 @@ def train(
     training = {
         **report.to_dict(),
         "model": base.name,
+        "device": device,
+        "dtype": dtype_name,  # the base model's; the heads trained in float32
         "tasks": None if data else list(task),
         "data": data,
         "split": split,

@@ -300,8 +300,11 @@ def test_bad_device_or_dtype_fails_before_any_side_effect(varied, command, optio
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [("bf16", torch.bfloat16),
+                                                    ("fp16", torch.float16)])
 def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_path,
-                                                                     monkeypatch):
+                                                                     monkeypatch, dtype,
+                                                                     torch_dtype):
     import entmtp.runtime._latency_profile as latency_profile
 
     timed = []
@@ -313,12 +316,12 @@ def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_
     monkeypatch.setattr(latency_profile, "profile_latency", fake_profile_latency)
     run = tmp_path / "run"
     result = invoke(["calibrate", *model_args(varied), "--prompts", 3, "--max-new-tokens", 8,
-                     "--schedule-trials", 4, "--validation-folds", 0, "--dtype", "bf16",
+                     "--schedule-trials", 4, "--validation-folds", 0, "--dtype", dtype,
                      "--device", "cpu", "--out", run])
     assert result.exit_code == 0, result.output
-    assert timed == [(torch.bfloat16, torch.bfloat16)]
+    assert timed == [(torch_dtype, torch_dtype)]
     profile = Profile.load(run / "profile.npz")
-    assert profile.meta.extra["dtype"] == "bfloat16"
+    assert profile.meta.extra["dtype"] == str(torch_dtype).removeprefix("torch.")
     heads_sha256 = json.loads((varied.medusa / "config.json").read_text())["sha256"]
     assert profile.meta.heads_sha256 == heads_sha256  # the stored heads, loaded in bf16
     assert load_bundle(run / "bundle.json").heads.sha256 == heads_sha256
@@ -347,6 +350,7 @@ def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypa
     assert loaded == [torch.bfloat16]
     config = json.loads((out / "config.json").read_text())
     assert config["storage_dtype"] == "float16"
+    assert (config["training"]["device"], config["training"]["dtype"]) == ("cpu", "bfloat16")
     heads = load_heads(out, load_base_model(varied.model, dtype="bfloat16").model)
     assert heads.num_heads == 2 and heads.sha256() == config["sha256"]
 
