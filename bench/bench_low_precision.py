@@ -1,17 +1,17 @@
 """Greedy losslessness in low precision: where a bundle's decoding departs from plain greedy.
 
     .venv/bin/python bench/bench_low_precision.py --bundle trees/bundles/code-hydra-h200.json \
-        [--dtype bf16 --dtype fp16] [--device cuda] [--prompts 10] [--max-new-tokens 128] \
-        [--json low-precision.json]
+        [--bundle ...] [--dtype bf16 --dtype fp16] [--device cuda] [--prompts 10] \
+        [--max-new-tokens 128] [--json low-precision.json]
 
-For each dtype, the model and the bundle's heads are loaded in it (the CLI's own loading and
+For each dtype, the model (once) and each bundle's heads are loaded in it (the CLI's own loading and
 bundle check), each held-out prompt is decoded with the bundle's schedule
 (``SpeculativeDecoder.generate``) and by plain greedy decoding (``autoregressive_generate``) in
 that same dtype, and the first position where the two outputs differ is judged with
 ``entmtp.runtime._departures``: the plain decoder's logits there are recomputed and the gap
 between its token and the decoder's token is given in units of the dtype's resolution at the
-top logit (a near-tie when at most ``NEAR_TIE_ULPS``). Prints one row per dtype and, with
-``--json``, every departure (position, the step and tree that emitted it, the gaps).
+top logit (a near-tie when at most ``NEAR_TIE_ULPS``). Prints one row per bundle and dtype;
+with ``--json``, every departure (position, the step and tree that emitted it, the gaps).
 fp32 may be given as a control: there the outputs must be identical.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,7 @@ def emitting_step(step_log, position: int) -> dict[str, Any]:
             "bonus_token": False}
 
 
-def run_dtype(args: argparse.Namespace, bundle, dtype: str) -> dict[str, Any]:
-    base = load_base(args.model, device=args.device, dtype=dtype)
-    heads = load_heads_for(base, args.heads, bundle.heads.type, args.model)
+def run_bundle(args: argparse.Namespace, base, heads, bundle, dtype: str) -> dict[str, Any]:
     check_bundle_fits(bundle, base, heads)
     task = args.task or bundle.task
     prompts = encode_prompts(base, load_task_prompts(
@@ -74,6 +73,7 @@ def run_dtype(args: argparse.Namespace, bundle, dtype: str) -> dict[str, Any]:
     gaps = [d["gap_decoded_ulps"] for d in departures]
     return {
         "dtype": dtype,
+        "head_type": heads.head_type,
         "task": task,
         "prompts": len(rows),
         "departed": len(departures),
@@ -93,7 +93,8 @@ def run_dtype(args: argparse.Namespace, bundle, dtype: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", required=True, help="bundle.json or a run folder")
+    parser.add_argument("--bundle", action="append", required=True,
+                        help="bundle.json or a run folder (repeatable)")
     parser.add_argument("--dtype", action="append", help="bf16, fp16, fp32 (repeatable; "
                         "default: bf16 and fp16)")
     parser.add_argument("--device", default="cpu")
@@ -108,21 +109,31 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    bundle_path, bundle = read_bundle(Path(args.bundle))
-    results = [run_dtype(args, bundle, dtype) for dtype in args.dtype or ["bf16", "fp16"]]
-    print(f"{bundle_path.name}: first departure from plain greedy decoding in the same dtype "
-          f"(near-tie: gap <= {NEAR_TIE_ULPS:g} units of the dtype's resolution at the top logit)")
-    print(f"{'dtype':>6} {'prompts':>7} {'departed':>8} {'median pos':>10} {'max gap ulps':>12} "
-          f"{'all near-ties':>13}")
+    bundles = [read_bundle(Path(source)) for source in args.bundle]
+    results = []
+    for dtype in args.dtype or ["bf16", "fp16"]:
+        base = load_base(args.model, device=args.device, dtype=dtype)  # once per dtype
+        heads_by_type: dict[str, Any] = {}
+        for path, bundle in bundles:
+            kind = bundle.heads.type
+            if kind not in heads_by_type:
+                heads_by_type[kind] = load_heads_for(base, args.heads, kind, args.model)
+            result = run_bundle(args, base, heads_by_type[kind], bundle, dtype)
+            results.append({"bundle": str(path), **result})
+    print("first departure from plain greedy decoding in the same dtype (near-tie: gap <= "
+          f"{NEAR_TIE_ULPS:g} units of the dtype's resolution at the top logit)")
+    print(f"{'bundle':>28} {'dtype':>6} {'prompts':>7} {'departed':>8} {'median pos':>10} "
+          f"{'max gap ulps':>12} {'all near-ties':>13}")
     for r in results:
         median = "-" if r["median_position"] is None else f"{r['median_position']:g}"
         gap = "-" if r["max_gap_ulps"] is None else f"{r['max_gap_ulps']:.2f}"
-        print(f"{r['dtype']:>6} {r['prompts']:>7} {r['departed']:>8} {median:>10} {gap:>12} "
-              f"{str(r['all_near_ties']):>13}")
+        print(f"{Path(r['bundle']).stem[:28]:>28} {r['dtype']:>6} {r['prompts']:>7} "
+              f"{r['departed']:>8} {median:>10} {gap:>12} {str(r['all_near_ties']):>13}")
     if args.json is not None:
-        report = {"bundle": str(bundle_path), "device": args.device,
-                  "max_new_tokens": args.max_new_tokens, "split": args.split,
-                  "near_tie_ulps": NEAR_TIE_ULPS, "results": results}
+        report = {"device": args.device, "max_new_tokens": args.max_new_tokens,
+                  "split": args.split, "prompts": args.prompts,
+                  "near_tie_ulps": NEAR_TIE_ULPS, "command": " ".join(sys.argv),
+                  "results": results}
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
 
