@@ -191,8 +191,9 @@ class DraftHeads(nn.Module):
 
         Heads read from a checkpoint hash the values as stored there (upcast to float32, which
         is exact for fp16 / bf16 storage), so bf16 heads loaded from an fp16 file keep the
-        file's hash. Built or changed heads (trained, edited, cast after loading) hash their
-        current values upcast to float32. A shared base lm_head is not part of it.
+        file's hash, also when cast or moved later. Built heads, and loaded heads whose values
+        changed (trained, edited), hash their current values upcast to float32. A shared base
+        lm_head is not part of it.
         """
         current = self._current_sha256()
         if self._loaded_identity is not None and self._loaded_identity[0] == current:
