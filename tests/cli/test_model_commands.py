@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -503,3 +505,21 @@ def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
     assert report["lossless"] is True
     assert report["replay_step_agreement"] == 1.0, report["mismatches"]
     assert report["measured_mean_accept_length"] == report["replayed_mean_accept_length"]
+
+
+def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "bench" / "bench_low_precision.py"
+    out = tmp_path / "low-precision.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--bundle", str(varied.run), *map(str, model_args(varied)),
+         "--prompts", "3", "--max-new-tokens", "12", "--dtype", "bf16", "--dtype", "fp32",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())["results"]
+    assert [r["dtype"] for r in results] == ["bf16", "fp32"]
+    for r in results:
+        assert r["prompts"] == 3 and len(r["rows"]) == 3 and r["head_type"] == "medusa"
+        assert r["departed"] == sum(row["departed"] for row in r["rows"])
+        assert r["all_near_ties"]
+    assert results[1]["departed"] == 0  # fp32: token-identical to plain greedy decoding
