@@ -38,7 +38,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ class DraftHeads(nn.Module):
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.base_model_name = ""
+        # (sha256 of the values as loaded, sha256 of the values as stored) of loaded heads.
+        self._loaded_identity: tuple[str, str] | None = None
         # Kept in a tuple so that nn.Module does not register (store, hash, move) base weights.
         self._shared_lm_head: tuple[nn.Module, ...] = (lm_head,) if lm_head is not None else ()
         self.proj: nn.ModuleList | None = None
@@ -184,12 +186,38 @@ class DraftHeads(nn.Module):
         }
 
     def sha256(self) -> str:
-        """Stable hash of the head weights (float32 values) and structure.
+        """The heads' identity: a hash of their structure and weights, whatever dtype they are
+        loaded in (the hash bundles and profiles record).
 
-        A shared base lm_head is not part of it; half-precision storage then float32 loading
-        gives the same hash as the stored values.
+        Heads read from a checkpoint hash the values as stored there (upcast to float32, which
+        is exact for fp16 / bf16 storage), so bf16 heads loaded from an fp16 file keep the
+        file's hash, also when cast or moved later. Built heads, and loaded heads whose values
+        changed (trained, edited), hash their current values upcast to float32. A shared base
+        lm_head is not part of it.
         """
+        current = self._current_sha256()
+        if self._loaded_identity is not None and self._loaded_identity[0] == current:
+            return self._loaded_identity[1]
+        return current
+
+    def _current_sha256(self) -> str:
         return _weights_sha256(self.config_dict(), self.state_dict())
+
+    def _remember_stored_identity(self, stored_sha256: str) -> None:
+        """Record that the current values came from storage with hash ``stored_sha256``.
+
+        The identity follows the heads through casts and moves (``_apply``); any other change
+        of their values (training, an edit, ``load_state_dict``) drops back to their own hash.
+        """
+        self._loaded_identity = (self._current_sha256(), stored_sha256)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> DraftHeads:
+        identity = getattr(self, "_loaded_identity", None)
+        unchanged = identity is not None and identity[0] == self._current_sha256()
+        result = super()._apply(fn, recurse)
+        if unchanged:
+            self._remember_stored_identity(identity[1])
+        return result
 
 
 class MedusaHeads(DraftHeads):
@@ -511,6 +539,8 @@ def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
         heads = _load_medusa(folder, config, module)
     else:
         heads = _load_hydra(folder, config, module)
+    # Still the stored values (upcast to float32, exactly): their hash is the heads' identity.
+    heads._remember_stored_identity(heads._current_sha256())
     parameter = next(module.parameters())
     heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
     use_few_row_kernel(heads)

@@ -390,9 +390,17 @@ def fit_heads(
     trajectories, the batch's targets and ``random_negatives`` tokens drawn uniformly afresh for
     each batch, so that no token escapes the push-down: cheapest), "seen" (every token of the
     trajectories) or "full".
+
+    The heads train, and stay, in float32 whatever the base model's dtype (they are cast in
+    place): AdamW's steps are far below a bf16 weight's resolution (8 significant bits, so a
+    step under 1/256 of the weight rounds away) and often below fp16's, so low-precision head
+    weights would stop learning. The heads are small next to the base, whose forward (cached
+    in the trajectories) and shared lm_head / embedding stay in its own dtype; saving stores
+    the float32 weights in the precision asked for.
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise EntmtpError("training needs epochs >= 1, batch_size >= 1 and lr > 0")
+    heads.float()
     examples = _examples(trajectories, heads.num_heads)
     vocab_ids, targets = _softmax_vocab(examples, heads.vocab_size, softmax_vocab)
     frequent = _frequent_tokens(examples, frequent_tokens) if softmax_vocab == "batch" else None
@@ -561,7 +569,8 @@ def train_heads(
     max_length: int = 512,
     softmax_vocab: str = "batch",
 ) -> TrainReport:
-    """Train ``heads`` in place on ``base`` (frozen) and report held-out accuracy per head.
+    """Train ``heads`` in place (in float32: see ``fit_heads``) on ``base`` (frozen, in its own
+    dtype and device) and report held-out accuracy per head.
 
     mode "self-distill": ``texts_or_prompts`` are prompts (text, TaskPrompt-like or token ids)
     whose greedy continuations are the targets; "text": the texts themselves, teacher-forced.

@@ -22,7 +22,12 @@ from entmtp.treesearch import EntmtpError, LatencyModel, Profile, SearchSettings
 from entmtp.treesearch._storage import open_storage
 
 from ._errors import user_errors
-from ._model_setup import load_model_and_heads
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    check_device_and_dtype,
+    load_model_and_heads,
+)
 from ._runs import RunDir, search_stage
 from .app import app
 
@@ -128,14 +133,19 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
         given.save(run.latency)
         return
     if run.latency.exists():
-        console.print(f"[dim]latency: reusing {run.latency}[/dim]")
-        check_latency_model(LatencyModel.load(run.latency), strict=strict,
-                            source=str(run.latency))
+        reused = LatencyModel.load(run.latency)
+        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype")
+                          if reused.hardware.get(k))
+        console.print(f"[dim]latency: reusing {run.latency}"
+                      f"{f' (measured on {where})' if where else ''}[/dim]")
+        check_latency_model(reused, strict=strict, source=str(run.latency))
         return
     from entmtp.runtime._latency_profile import profile_latency
 
-    base, draft_heads = loader()
-    with console.status("measuring verification latency of trees on this machine..."):
+    base, draft_heads = loader()  # on --device in --dtype: the steps are timed there
+    device = next(base.model.parameters()).device
+    with console.status(f"measuring verification latency of trees on {device} "
+                        f"({base.model.dtype})..."):
         latency = profile_latency(base.model, draft_heads)
     check_latency_model(latency, strict=strict, source="latency measurement")
     latency.save(run.latency)
@@ -172,11 +182,14 @@ def calibrate(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
     strict: bool = typer.Option(False, "--strict", help="Refuse a latency model that fails its "
                                 "noise checks (exit 2) instead of searching with warnings."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
 ) -> None:
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 
     Example: entmtp calibrate --task code --prompts 24 --out runs/code
     """
+    check_device_and_dtype(device, dtype)
     console = Console()
     run = RunDir(out or Path("runs") / f"{task}-{head_type}")
     try:
@@ -191,7 +204,8 @@ def calibrate(
     if storage is not None:
         open_storage(storage)  # fail now, not after the profile has been computed
     remove_stale_temp_files(run, shards, index)
-    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type))
+    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type,
+                                                          device=device, dtype=dtype))
     profile = profile_stage(
         run, task=task, loader=loader, data=data, split=split,
         num_prompts=prompts, max_new_tokens=max_new_tokens, topk=topk, seed=seed,

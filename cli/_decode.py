@@ -21,6 +21,7 @@ from ._live import (
     load_heads_for,
     read_bundle,
 )
+from ._model_setup import DEVICE_OPTION, DTYPE_OPTION
 from .app import app
 
 STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
@@ -73,10 +74,8 @@ def decode(
                                      "folder; default: the shipped heads of the bundle's type."),
     head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
                                          "shipped heads (default: the bundle's head type)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
-                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
-                              "heads)."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 

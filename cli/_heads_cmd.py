@@ -14,8 +14,13 @@ from rich.table import Table
 from entmtp.treesearch import EntmtpError
 
 from ._errors import user_errors
-from ._live import quiet_transformers
-from ._model_setup import HEAD_TYPES
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    HEAD_TYPES,
+    check_device_and_dtype,
+    load_base,
+)
 from .app import app
 
 heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: train Medusa / Hydra heads.")
@@ -97,11 +102,17 @@ def train(
     heldout_fraction: float = typer.Option(0.1, "--heldout-fraction", help="Trajectories kept "
                                            "out of training for the accuracy table."),
     seed: int = typer.Option(0, "--seed"),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
 ) -> None:
     """Train draft heads on a frozen base model and write an entmtp heads folder.
 
+    The base model runs on --device in --dtype; the heads train in float32 whatever --dtype
+    (calibrate._train.fit_heads says why) and are stored in float16.
+
     Example: entmtp heads train --type medusa --task chat --task code --prompts 200 --out heads/m
     """
+    device, dtype_name = check_device_and_dtype(device, dtype)
     console = Console()
     if head_type not in HEAD_TYPES:
         raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
@@ -112,11 +123,9 @@ def train(
     items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
     from entmtp.calibrate._heads import new_heads, save_heads
-    from entmtp.calibrate._model import load_base_model
     from entmtp.calibrate._train import train_heads
 
-    quiet_transformers()
-    base = load_base_model(model)
+    base = load_base(model, device=device, dtype=dtype)
     heads = new_heads(base.model, head_type=head_type, num_heads=num_heads,
                       num_layers=num_layers, seed=seed)
     started = time.perf_counter()
@@ -129,6 +138,8 @@ def train(
     training = {
         **report.to_dict(),
         "model": base.name,
+        "device": device,
+        "dtype": dtype_name,  # the base model's; the heads trained in float32
         "tasks": None if data else list(task),
         "data": data,
         "split": split,

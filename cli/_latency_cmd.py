@@ -25,7 +25,7 @@ from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bu
 from entmtp.treesearch._atomic import atomic_write
 
 from ._errors import user_errors
-from ._model_setup import check_device, resolve_dtype_name
+from ._model_setup import DEVICE_OPTION, DTYPE_OPTION, check_device, resolve_dtype_name
 from ._runs import RunDir, load_front, search_stage
 from .app import app
 
@@ -322,8 +322,8 @@ def latency(
     head_type: str = typer.Option("medusa", "--head-type", help="medusa or hydra."),
     num_heads: int = typer.Option(4, "--num-heads", help="Random heads to build "
                                   "(--random-weights without --heads)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
     node_counts: str | None = typer.Option(None, "--node-counts", help="Tree sizes to time, "
                                            "e.g. 0,1,3,7,15,31,63,127 (default: the profiler's)."),
     depths: str | None = typer.Option(None, "--depths", help="Tree depths to time, e.g. 1,4."),

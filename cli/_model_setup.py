@@ -6,6 +6,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
+import typer
+
 from entmtp.treesearch import EntmtpError
 
 HEAD_TYPES = ("medusa", "hydra")
@@ -16,6 +18,20 @@ DTYPES = {
     "fp16": "float16", "float16": "float16", "half": "float16",
     "fp32": "float32", "float32": "float32",
 }
+
+
+# --device and --dtype of every command that loads a model (calibrate, heads train, latency,
+# validate, bench, decode), declared once.
+DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model and its "
+                             "heads run.")
+DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the precision of the "
+                            "model's weights (loaded heads follow it).")
+
+
+def check_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
+    """(device, torch dtype name) of ``--device`` / ``--dtype``; a one-line error for a bad
+    value, so that commands check both before any side effect."""
+    return check_device(device), resolve_dtype_name(dtype)
 
 
 def resolve_dtype_name(dtype: str) -> str:

@@ -45,6 +45,7 @@ from ._live import (
     task_for,
     write_json,
 )
+from ._model_setup import DEVICE_OPTION, DTYPE_OPTION
 from .app import app
 
 MAX_MISMATCHES_SHOWN = 10
@@ -118,10 +119,8 @@ def validate(
     seed: int = typer.Option(0, "--seed", help="Seed of the calibration / held-out split."),
     check_replay: bool = typer.Option(True, "--replay/--no-replay", help="Also profile the "
                                       "prompts and compare live steps with the exact replay."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
-                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
-                              "heads)."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.

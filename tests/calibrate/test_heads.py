@@ -422,3 +422,53 @@ def test_shipped_heads_load_on_the_default_model(head_type):
         for depth in range(1, heads.num_heads + 1):
             logits = heads.head_logits(depth, hidden, prefix[:, :depth])
             assert logits.shape == (1, base.vocab_size) and bool(torch.isfinite(logits).all())
+
+
+# -- identity whatever the load dtype --------------------------------------------------------
+def _checkpoint(kind: str, base, folder: Path, storage: torch.dtype) -> Path:
+    """A heads folder of ``kind`` whose weights are stored in ``storage``."""
+    if kind == "entmtp":
+        heads = new_heads(base, head_type="hydra", num_heads=2, shared_lm_head=False)
+        randomize(heads, 21)
+        return save_heads(heads, folder, dtype=storage)
+    if kind == "medusa":
+        state = random_state(medusa_shapes(2, 1), seed=22)
+        write_medusa(folder, {k: v.to(storage) for k, v in state.items()}, 2, 1, ".safetensors")
+    else:
+        state = random_state(hydra_shapes(2, 1), seed=23)
+        write_hydra(folder, {k: v.to(storage) for k, v in state.items()}, 2, 1)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["entmtp", "medusa", "hydra"])
+@pytest.mark.parametrize("storage", [torch.float16, torch.bfloat16])
+def test_sha256_is_the_stored_values_whatever_the_load_dtype(base, tmp_path, kind, storage):
+    folder = _checkpoint(kind, base, tmp_path / kind, storage)
+    stored = load_heads(folder, base)  # float32: the stored values exactly
+    if kind == "entmtp":
+        assert stored.sha256() == json.loads((folder / "config.json").read_text())["sha256"]
+    for dtype in (torch.bfloat16, torch.float16):
+        loaded = load_heads(folder, make_tiny_llama().to(dtype))
+        assert loaded.dtype == dtype
+        assert loaded.sha256() == stored.sha256()
+        if (storage, dtype) == (torch.float16, torch.bfloat16):  # rounded in memory: only the
+            # identity is kept
+            assert loaded._current_sha256() != stored.sha256()
+
+
+def test_changed_or_recast_loaded_heads_hash_their_own_values(base, tmp_path):
+    folder = _checkpoint("entmtp", base, tmp_path / "h", torch.float16)
+    stored_sha256 = load_heads(folder, base).sha256()
+    edited = load_heads(folder, make_tiny_llama().to(torch.bfloat16))
+    with torch.no_grad():
+        edited.first[0].linear.bias[0] += 1.0
+    assert edited.sha256() == edited._current_sha256() != stored_sha256
+    recast = load_heads(folder, base).to(torch.bfloat16)  # a cast keeps the identity
+    assert recast.sha256() == stored_sha256 != recast._current_sha256()
+    assert recast.float().sha256() == stored_sha256
+    with torch.no_grad():
+        recast.first[1].residual.weight[0, 0] *= 2
+    assert recast.sha256() == recast._current_sha256() != stored_sha256
+    assert recast.to(torch.float16).sha256() == recast._current_sha256()
+    fresh = new_heads(base, head_type="medusa", num_heads=2)
+    assert fresh.sha256() == fresh._current_sha256()

@@ -256,3 +256,32 @@ def test_train_heads_end_to_end(base):
         train_heads(base, heads, texts_or_prompts=texts, mode="rl")
     with pytest.raises(EntmtpError, match="encode_prompt"):
         train_heads(base, heads, texts_or_prompts=["some text"], epochs=1)
+
+
+@pytest.mark.parametrize(("head_type", "shared"), [("medusa", False), ("hydra", True)])
+def test_heads_on_a_bf16_base_train_in_float32(head_type, shared):
+    model = make_tiny_llama(seed=8).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    heads = new_heads(model, head_type=head_type, num_heads=3, shared_lm_head=shared)
+    assert heads.dtype == torch.bfloat16
+    data = cyclic_trajectories(model, count=12, length=20, period=5, seed=9)
+    untrained = head_accuracy(heads, data)
+    losses = fit_heads(heads, data, epochs=25, lr=1e-2, batch_size=64, seed=0,
+                       frequent_tokens=2)
+    assert {p.dtype for p in heads.parameters()} == {torch.float32}  # the master weights
+    assert losses[-1] < losses[0]
+    for new, old in zip(head_accuracy(heads, data), untrained, strict=True):
+        assert new.top1 > old.top1 and new.top1 > 0.9
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, before[k])
+               for k, v in model.state_dict().items())
+
+
+def test_small_steps_are_kept_on_a_bf16_base():
+    # Hydra's residual starts as the identity: a step of ~1e-4 on a weight of 1.0 is below
+    # bf16's resolution there (2**-7) and would round away in bf16 weights.
+    model = make_tiny_llama(seed=8).to(torch.bfloat16)
+    heads = new_heads(model, head_type="hydra", num_heads=2)
+    data = cyclic_trajectories(model, count=4, length=10, period=3, seed=9)
+    fit_heads(heads, data, epochs=1, lr=1e-4, batch_size=64, seed=0)
+    diagonal = heads.first[0].residual.weight.detach()[:, : model.config.hidden_size].diagonal()
+    assert bool((diagonal != 1.0).any())

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -260,15 +262,99 @@ def test_bad_input_is_a_one_line_error(varied, tmp_path):
     assert not (tmp_path / "h").exists()
 
 
-@pytest.mark.parametrize("command", ["validate", "bench", "decode"])
-def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command):
+MODEL_COMMANDS = ["validate", "bench", "decode", "calibrate", "heads train", "latency"]
+
+
+def model_command_args(varied, command: str, out: Path) -> list:
+    heads = model_args(varied)[:4]
+    return {"validate": ["validate", varied.run, *heads],
+            "bench": ["bench", *heads, "--data", varied.data],
+            "decode": ["decode", varied.run, "--prompt", "hi", *heads],
+            "calibrate": ["calibrate", *model_args(varied), "--out", out],
+            "heads train": ["heads", "train", "--type", "medusa", "--model", varied.model,
+                            "--data", varied.data, "--out", out],
+            "latency": ["latency", *heads, "--out", out]}[command]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    heads = model_args(varied)[:4]
-    args = {"validate": ["validate", varied.run, *heads],
-            "bench": ["bench", *heads, "--data", varied.data],
-            "decode": ["decode", varied.run, "--prompt", "hi", *heads]}[command]
+    args = model_command_args(varied, command, tmp_path / "out")
     assert_one_line_error(invoke([*args, "--device", "cuda", "--dtype", "bf16"]), "--device cuda")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+@pytest.mark.parametrize(("option", "value"), [("--dtype", "int8"), ("--device", "tpu"),
+                                               ("--device", "cuda:x")])
+def test_bad_device_or_dtype_fails_before_any_side_effect(varied, command, option, value,
+                                                          tmp_path, monkeypatch):
+    import entmtp.calibrate._model as model_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(model_module, "load_base_model", no_load)
+    out = tmp_path / "out"
+    assert_one_line_error(invoke([*model_command_args(varied, command, out), option, value]),
+                          option)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [("bf16", torch.bfloat16),
+                                                    ("fp16", torch.float16)])
+def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_path,
+                                                                     monkeypatch, dtype,
+                                                                     torch_dtype):
+    import entmtp.runtime._latency_profile as latency_profile
+
+    timed = []
+
+    def fake_profile_latency(model, heads, **options):  # timing is not what is tested here
+        timed.append((next(model.parameters()).dtype, heads.dtype))
+        return LatencyModel.cpu_like()
+
+    monkeypatch.setattr(latency_profile, "profile_latency", fake_profile_latency)
+    run = tmp_path / "run"
+    result = invoke(["calibrate", *model_args(varied), "--prompts", 3, "--max-new-tokens", 8,
+                     "--schedule-trials", 4, "--validation-folds", 0, "--dtype", dtype,
+                     "--device", "cpu", "--out", run])
+    assert result.exit_code == 0, result.output
+    assert timed == [(torch_dtype, torch_dtype)]
+    profile = Profile.load(run / "profile.npz")
+    assert profile.meta.extra["dtype"] == str(torch_dtype).removeprefix("torch.")
+    heads_sha256 = json.loads((varied.medusa / "config.json").read_text())["sha256"]
+    assert profile.meta.heads_sha256 == heads_sha256  # the stored heads, loaded in bf16
+    assert load_bundle(run / "bundle.json").heads.sha256 == heads_sha256
+
+
+def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypatch):
+    import entmtp.cli._heads_cmd as heads_cmd
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+
+    loaded = []
+    real_load_base = heads_cmd.load_base
+
+    def recording_load_base(*args, **kwargs):
+        base = real_load_base(*args, **kwargs)
+        loaded.append(next(base.model.parameters()).dtype)
+        return base
+
+    monkeypatch.setattr(heads_cmd, "load_base", recording_load_base)
+    out = tmp_path / "heads"
+    result = invoke(["heads", "train", "--type", "hydra", "--model", varied.model,
+                     "--data", varied.data, "--split", "all", "--prompts", 4, "--num-heads", 2,
+                     "--epochs", 1, "--batch-size", 16, "--max-new-tokens", 8,
+                     "--heldout-fraction", 0.25, "--dtype", "bf16", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert loaded == [torch.bfloat16]
+    config = json.loads((out / "config.json").read_text())
+    assert config["storage_dtype"] == "float16"
+    assert (config["training"]["device"], config["training"]["dtype"]) == ("cpu", "bfloat16")
+    heads = load_heads(out, load_base_model(varied.model, dtype="bfloat16").model)
+    assert heads.num_heads == 2 and heads.sha256() == config["sha256"]
 
 
 def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
@@ -419,3 +505,21 @@ def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
     assert report["lossless"] is True
     assert report["replay_step_agreement"] == 1.0, report["mismatches"]
     assert report["measured_mean_accept_length"] == report["replayed_mean_accept_length"]
+
+
+def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "bench" / "bench_low_precision.py"
+    out = tmp_path / "low-precision.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--bundle", str(varied.run), *map(str, model_args(varied)),
+         "--prompts", "3", "--max-new-tokens", "12", "--dtype", "bf16", "--dtype", "fp32",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())["results"]
+    assert [r["dtype"] for r in results] == ["bf16", "fp32"]
+    for r in results:
+        assert r["prompts"] == 3 and len(r["rows"]) == 3 and r["head_type"] == "medusa"
+        assert r["departed"] == sum(row["departed"] for row in r["rows"])
+        assert r["all_near_ties"]
+    assert results[1]["departed"] == 0  # fp32: token-identical to plain greedy decoding

