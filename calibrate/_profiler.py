@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,7 +315,8 @@ def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: 
             header = json.loads(bytes(data["header"]).decode("utf-8"))
             entropy, ranks = data["entropy"], data["ranks"]
             draft = data["draft_entropy"]
-    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+    # A cut-off .npz fails in zipfile (BadZipFile, EOFError); a garbled header in the decoder.
+    except (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile):
         return None  # unreadable: profile the prompt again and overwrite it
     expected = {"format_version": _SHARD_FORMAT_VERSION, "settings": settings,
                 "prompt_id": prompt.prompt_id, "prompt_tokens": _tokens_key(ids)}

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._readers import read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")
 SPLITS = ("calibration", "heldout", "all")
@@ -161,24 +162,11 @@ _Record = tuple[str, str, "str | None"]
 def read_prompt_jsonl(path: str | os.PathLike) -> list[_Record]:
     """A user's JSONL: one object per line with a non-empty string ``prompt`` (and optional id)."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise EntmtpError(
-            f"--data file {path} does not exist: pass a JSONL file with a 'prompt' field"
-        )
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise EntmtpError(
-            f"--data file {path} is unreadable ({err}): pass a UTF-8 JSONL file"
-        ) from err
+    source = f"--data file {path}"
+    fix = "pass a UTF-8 JSONL file, one object with a 'prompt' string per line"
+    rows = read_jsonl(path, source=source, fix=fix, expect=None)
     records: list[_Record] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise EntmtpError(f"{path} line {number} is not valid JSON ({err.msg})") from err
+    for number, row in rows:
         prompt = row.get("prompt") if isinstance(row, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
             raise EntmtpError(

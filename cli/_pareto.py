@@ -9,10 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
+from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
-from ._runs import RunDir, load_front, search_stage
+from ._runs import RunDir, load_acceptance, load_front, search_stage
 from .app import app
 
 
@@ -96,14 +97,7 @@ def pareto(
                     references=references, chosen=chosen)
         console.print(f"wrote {plot}")
     if acceptance_plot is not None:
-        import json
-
-        if not run.acceptance.exists():
-            raise EntmtpError(f"{run.acceptance} is missing: re-run the search stage")
-        table = json.loads(run.acceptance.read_text())
-        from entmtp.treesearch import AcceptanceTable
-
-        acc = AcceptanceTable.from_json(table)
+        acc = load_acceptance(run)
         top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
         plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
                                title=f"head top-1 acceptance vs entropy, task {task}")
@@ -121,14 +115,8 @@ def show_tree(
 
     Example: entmtp show-tree runs/code/bundle.json --tree 0 --out tree0.png
     """
-    import json
-
-    try:
-        obj = json.loads(source.read_text())
-    except FileNotFoundError as err:
-        raise EntmtpError(f"{source} does not exist") from err
-    except (OSError, json.JSONDecodeError) as err:
-        raise EntmtpError(f"{source} is not readable JSON: {err}") from err
+    obj = read_json(source, source=f"tree file {source}", expect=(dict, list),
+                    fix="give a bundle.json or a JSON list of paths")
     if isinstance(obj, dict) and obj.get("format") == "entmtp-bundle":
         bundle = load_bundle(source)
         if not 0 <= tree_index < len(bundle.trees):

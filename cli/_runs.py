@@ -4,7 +4,6 @@ finished stage is reused by the next run of the same command and an interrupted 
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 import sys
 from dataclasses import asdict, dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from entmtp.treesearch import (
+    AcceptanceTable,
     EntmtpError,
     LatencyModel,
     Profile,
@@ -24,6 +24,7 @@ from entmtp.treesearch import (
     search,
 )
 from entmtp.treesearch._atomic import atomic_write_json, atomic_write_text
+from entmtp.treesearch._readers import read_json, require
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 
 
@@ -72,14 +73,77 @@ def command_line() -> str:
 
 
 def load_front(run: RunDir) -> dict:
-    try:
-        return json.loads(run.front.read_text())
-    except FileNotFoundError as err:
+    """``front.json``, checked for every field ``pareto`` and ``retarget`` read."""
+    if not run.front.exists() and not run.front.is_symlink():
         raise EntmtpError(
             f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
-        ) from err
-    except (OSError, json.JSONDecodeError) as err:
-        raise EntmtpError(f"{run.front} is unreadable ({err}); delete it and re-run") from err
+        )
+    source = f"front file {run.front}"
+    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    front = read_json(run.front, source=source, fix=fix)
+    check_front(front, source=source, fix=fix)
+    return front
+
+
+def check_front(front: dict, *, source: str, fix: str) -> None:
+    number = (int, float)
+
+    def candidates(values: object, where: str) -> None:
+        if not isinstance(values, list):
+            raise EntmtpError(f"{source}: {where} is not a list: {fix}")
+        for i, candidate in enumerate(values):
+            name = f"{where}[{i}]"
+            if not isinstance(candidate, dict):
+                raise EntmtpError(f"{source}: {name} is not an object: {fix}")
+            for key in ("num_nodes", "depth"):
+                require(candidate, key, int, source=source, fix=fix, where=name)
+            for key in ("expected_accept_length", "latency_ms"):
+                if require(candidate, key, number, source=source, fix=fix, where=name) < 0:
+                    raise EntmtpError(f"{source}: {name}.{key} is negative: {fix}")
+
+    if front.get("format", "entmtp-front") != "entmtp-front":
+        raise EntmtpError(f"{source}: format {front.get('format')!r} is not 'entmtp-front': {fix}")
+    candidates(require(front, "front", list, source=source, fix=fix), "front")
+    for i, bucket in enumerate(front.get("bucket_fronts", [])
+                               if isinstance(front.get("bucket_fronts", []), list) else [None]):
+        candidates(bucket, f"bucket_fronts[{i}]")
+    edges = front.get("bucket_edges", [])
+    if not isinstance(edges, list) or not all(
+            isinstance(e, number) and not isinstance(e, bool) for e in edges):
+        raise EntmtpError(f"{source}: bucket_edges is not a list of numbers: {fix}")
+    references = front.get("references", [])
+    if not isinstance(references, list):
+        raise EntmtpError(f"{source}: references is not a list: {fix}")
+    candidates(references, "references")
+    for i, reference in enumerate(references):
+        require(reference, "name", str, source=source, fix=fix, where=f"references[{i}]")
+    schedule = require(front, "schedule", dict, source=source, fix=fix)
+    require(schedule, "trees", list, source=source, fix=fix, where="schedule")
+    thresholds = require(schedule, "thresholds", list, source=source, fix=fix, where="schedule")
+    if not all(isinstance(t, number) and not isinstance(t, bool) for t in thresholds):
+        raise EntmtpError(f"{source}: schedule.thresholds is not a list of numbers: {fix}")
+    for name, where in (("schedule", schedule), ("best_static", None), ("oracle", None)):
+        part = where if where is not None else require(front, name, dict, source=source, fix=fix)
+        replayed = require(part, "replayed", dict, source=source, fix=fix, where=name)
+        require(replayed, "tokens_per_second", number, source=source, fix=fix,
+                where=f"{name}.replayed")
+    if "task" in front:
+        require(front, "task", str, source=source, fix=fix)
+    if "settings" in front:
+        require(front, "settings", dict, source=source, fix=fix)
+
+
+def load_acceptance(run: RunDir) -> AcceptanceTable:
+    source = f"acceptance file {run.acceptance}"
+    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    if not run.acceptance.exists():
+        raise EntmtpError(f"{run.acceptance} is missing: re-run the search stage "
+                          f"(entmtp calibrate --out {run.root})")
+    obj = read_json(run.acceptance, source=source, fix=fix)
+    try:
+        return AcceptanceTable.from_json(obj)
+    except EntmtpError as err:
+        raise EntmtpError(f"{source}: {err}: {fix}") from err
 
 
 def _inputs_digest(run: RunDir) -> str:
@@ -110,11 +174,15 @@ def search_stage(
     stamp = {"settings": asdict(settings), "inputs": _inputs_digest(run)}
     if not force and run.bundle.exists() and run.front.exists():
         try:
-            previous = json.loads(run.front.read_text())
-        except (OSError, json.JSONDecodeError):
-            previous = {}
-        if all(previous.get(key) == value for key, value in stamp.items()):
-            load_bundle(run.bundle)  # a finished stage must still be a valid bundle
+            previous = load_front(run)
+            reusable = all(previous.get(key) == value for key, value in stamp.items())
+            if reusable:
+                load_bundle(run.bundle)  # a finished stage must still be a valid bundle
+                load_acceptance(run)
+        except EntmtpError as err:  # a damaged file of this stage: do the stage again
+            console.print(f"[dim]search: redoing the search ({err})[/dim]")
+            reusable = False
+        if reusable:
             console.print(f"[dim]search: reusing {run.bundle}[/dim]")
             return run.bundle
     profile = Profile.load(run.profile)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +28,9 @@ from ._atomic import atomic_write_text
 from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
+from ._readers import check_values, parse_json, read_bytes
+from ._readers import field_name as _field
+from ._readers import short as _short
 from ._schedule import Schedule, check_signal
 from ._tree import Tree
 
@@ -38,7 +40,6 @@ HEAD_TYPES = ("medusa", "hydra")
 ENTROPY_UNITS = ("nats", "bits")
 _NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"
-_MAX_SHOWN = 120  # characters of an offending value quoted in an error
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def bundle_from_json(obj: object, *, source: str = "bundle") -> Bundle:
     ``source`` starts every error message, e.g. ``"bundle run/code.json"``.
     """
     try:
-        _check_finite(obj, source)
+        check_values(obj, source=source)
         _check_header(obj, source)
         _check_schema(obj, source)
         return _build(obj, source)  # type: ignore[arg-type]
@@ -268,47 +269,20 @@ def bundle_from_json(obj: object, *, source: str = "bundle") -> Bundle:
 
 def parse_bundle(text: str | bytes, *, source: str = "bundle") -> Bundle:
     """Parse bundle JSON text. NaN/Infinity literals are rejected (JSON has none)."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise EntmtpError(
-                f"{source}: not UTF-8 text (byte {err.start}): is this a bundle JSON file?"
-            ) from err
-    if not text.strip():
-        raise EntmtpError(f"{source}: the file is empty: not a bundle")
-    try:
-        obj = json.loads(text, parse_constant=_NonFinite)
-    except json.JSONDecodeError as err:
-        raise EntmtpError(
-            f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from err
-    except RecursionError as err:
-        raise EntmtpError(f"{source}: not a bundle: JSON nested too deeply") from err
-    except ValueError as err:  # e.g. an integer literal longer than Python converts
-        raise EntmtpError(f"{source}: not a valid bundle: {_short(str(err))}") from err
-    return bundle_from_json(obj, source=source)
+    return bundle_from_json(parse_json(text, source=source, expect=None), source=source)
 
 
 def load_bundle(path: str | os.PathLike) -> Bundle:
     path = Path(path)
     source = f"bundle {path}"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as err:
-        raise EntmtpError(f"{source} does not exist: check the path") from err
-    except IsADirectoryError as err:
-        raise EntmtpError(f"{source} is a folder: give the bundle JSON file") from err
-    except OSError as err:
-        raise EntmtpError(f"{source} cannot be read: {err.strerror}") from err
-    return parse_bundle(data, source=source)
+    return parse_bundle(read_bytes(path, source=source), source=source)
 
 
 def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
     """Validate the exact text ``load_bundle`` will read, then write it atomically."""
     source = f"bundle {path}"
     obj = bundle_to_json(bundle)
-    _check_finite(obj, source)  # names the field before json.dumps would refuse unnamed
+    check_values(obj, source=source)  # names the field before json.dumps would refuse unnamed
     try:
         text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as err:
@@ -321,43 +295,6 @@ def save_bundle(bundle: Bundle, path: str | os.PathLike) -> Path:
 
 
 # -- validation -------------------------------------------------------------------------------
-class _NonFinite:
-    """Stands in for a NaN/Infinity literal until the walk reports where it is."""
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-def _field(parts: Sequence[str | int]) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
-
-
-def _check_finite(obj: object, source: str) -> None:
-    stack: list[tuple[object, tuple[str | int, ...]]] = [(obj, ())]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, _NonFinite):
-            raise EntmtpError(
-                f"{source}: {_field(where)}: {value.literal} is not allowed: numbers must be finite"
-            )
-        if isinstance(value, float) and not math.isfinite(value):
-            raise EntmtpError(
-                f"{source}: {_field(where)}: {value} is not allowed: numbers must be finite"
-            )
-        if isinstance(value, dict):
-            stack.extend((v, (*where, str(k))) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((v, (*where, i)) for i, v in enumerate(value))
-
-
 def _check_header(obj: object, source: str) -> None:
     if not isinstance(obj, dict):
         raise EntmtpError(

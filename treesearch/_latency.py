@@ -51,7 +51,6 @@ switching schedule only above it.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -63,6 +62,7 @@ import numpy as np
 
 from ._atomic import atomic_write_json
 from ._errors import EntmtpError
+from ._readers import check_values, read_json, require, short
 
 LATENCY_FORMAT = "entmtp-latency"
 NOISE_SIGMAS = 3.0  # "beyond noise": more than this many standard errors of a difference
@@ -71,6 +71,8 @@ DECODER_OVERHEAD = 0.15  # the empty-tree step's bookkeeping allowed over a plai
 MAX_RELATIVE_SPREAD = 0.25  # median over the points of iqr_ms / ms before "too noisy"
 MIN_SPREAD_ROUNDS = 4  # fewer rounds than this give no interquartile range worth the name
 STEP_KINDS = ("tree", "autoregressive", "prepare", "fused_empty")
+MAX_STEP_MS = 600_000.0  # ten minutes: no decoding step of any model takes longer
+LATENCY_FIX = "measure it again with `entmtp latency`"
 
 
 @dataclass(frozen=True)
@@ -330,11 +332,36 @@ class LatencyModel:
         return out
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> LatencyModel:
+    def from_json(cls, obj: object, *, source: str = "latency model") -> LatencyModel:
+        """Build a model from its JSON, refusing a malformed field or an implausible time."""
+        fix = LATENCY_FIX
+        check_values(obj, source=source, fix=fix)
         if not isinstance(obj, dict) or obj.get("format", LATENCY_FORMAT) != LATENCY_FORMAT:
-            raise EntmtpError("not an entmtp latency model (expected format 'entmtp-latency')")
+            raise EntmtpError(f"{source}: not an entmtp latency model (expected format "
+                              f"{LATENCY_FORMAT!r}): {fix}")
+        number = (int, float)
+        for key in ("nodes", "verify_ms"):
+            values = require(obj, key, list, source=source, fix=fix)
+            for i, value in enumerate(values):
+                require({f"{key}[{i}]": value}, f"{key}[{i}]", int if key == "nodes" else number,
+                        source=source, fix=fix)
+        require(obj, "autoregressive_ms", number, source=source, fix=fix)
+        for key in ("depth_ms", "prepare_ms"):
+            if key in obj:
+                require(obj, key, number, source=source, fix=fix)
+        if obj.get("fused_empty_ms") is not None:
+            require(obj, "fused_empty_ms", number, source=source, fix=fix)
+        for key in ("prepare_ms_by_depth", "fused_empty_ms_by_depth", "measurements"):
+            if key in obj:
+                require(obj, key, list, source=source, fix=fix)
+        if "hardware" in obj:
+            require(obj, "hardware", dict, source=source, fix=fix)
+        noise = obj.get("noise")
+        if noise is not None:
+            require(obj, "noise", dict, source=source, fix=fix)
+            require(noise, "points", list, source=source, fix=fix, where="noise")
         try:
-            return cls(
+            model = cls(
                 nodes=tuple(obj["nodes"]),
                 verify_ms=tuple(obj["verify_ms"]),
                 autoregressive_ms=float(obj["autoregressive_ms"]),
@@ -346,24 +373,47 @@ class LatencyModel:
                 hardware=dict(obj.get("hardware", {})),
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
                 points=tuple(LatencyPoint.from_json(p)
-                             for p in (obj.get("noise") or {}).get("points", ())),
+                             for p in (noise or {}).get("points", ())),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise EntmtpError(f"latency model JSON is missing or has a bad field: {err}") from err
+        except EntmtpError as err:
+            raise EntmtpError(f"{source}: {err}: {fix}") from err
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            raise EntmtpError(f"{source}: a field is missing or bad ({short(str(err))}): "
+                              f"{fix}") from err
+        _check_plausible(model, source)
+        return model
 
     def save(self, path: str | os.PathLike) -> Path:
         return atomic_write_json(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LatencyModel:
-        path = Path(path)
-        try:
-            obj = json.loads(path.read_text())
-        except FileNotFoundError as err:
-            raise EntmtpError(f"latency file {path} does not exist") from err
-        except (OSError, json.JSONDecodeError) as err:
-            raise EntmtpError(f"latency file {path} is unreadable or not JSON: {err}") from err
-        return cls.from_json(obj)
+        source = f"latency file {path}"
+        return cls.from_json(read_json(path, source=source, fix=LATENCY_FIX), source=source)
+
+
+def _check_plausible(model: LatencyModel, source: str) -> None:
+    """Times that pass the schema but no measurement gives: a step of 0 ms, or of hours."""
+    # A tree of n >= 1 nodes is at least one level deep, so its step costs verify + depth_ms.
+    shortest = [("autoregressive_ms", model.autoregressive_ms),
+                ("verify_ms[0]", model.verify_ms[0]),
+                *((f"verify_ms[{i}] + depth_ms", v + model.depth_ms)
+                  for i, v in enumerate(model.verify_ms) if i > 0)]
+    for name, value in shortest:
+        if value <= 0:
+            raise EntmtpError(f"{source}: {name}: a step cannot take {value:g} ms: "
+                              f"{LATENCY_FIX}")
+    named = [("autoregressive_ms", model.autoregressive_ms),
+             *((f"verify_ms[{i}]", v) for i, v in enumerate(model.verify_ms))]
+    named += [("depth_ms", model.depth_ms), ("prepare_ms", model.prepare_ms),
+              ("fused_empty_ms", model.fused_empty_ms or 0.0),
+              *((f"prepare_ms_by_depth[{i}]", v) for i, v in enumerate(model.prepare_ms_by_depth)),
+              *((f"fused_empty_ms_by_depth[{i}]", v)
+                for i, v in enumerate(model.fused_empty_ms_by_depth))]
+    for name, value in named:
+        if value > MAX_STEP_MS:
+            raise EntmtpError(f"{source}: {name}: {value:g} ms is not a decoding step time (more "
+                              f"than {MAX_STEP_MS / 60_000:g} minutes): {LATENCY_FIX}")
 
 
 def _optional_float(value: Any) -> float | None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._atomic import atomic_write
 from ._errors import EntmtpError
+from ._readers import parse_json, short
 
 PROFILE_FORMAT = "entmtp-profile"
 PROFILE_FORMAT_VERSION = 1
@@ -170,9 +171,10 @@ class Profile:
         path = Path(path)
         if not path.is_file():
             raise EntmtpError(f"profile {path} does not exist: run `entmtp calibrate` first")
+        source = f"profile {path}"
         try:
             with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["header"]).decode("utf-8"))
+                header_bytes = bytes(data["header"])
                 offsets = data["offsets"]
                 prompt_index = data["prompt_index"]
                 prompt_length = data["prompt_length"]
@@ -182,13 +184,19 @@ class Profile:
         # A cut-off .npz fails in zipfile (BadZipFile, EOFError), not only with OSError.
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise EntmtpError(
-                f"profile {path} is unreadable or truncated ({err}); re-run it"
+                f"profile {path} is unreadable or truncated ({short(str(err))}); re-run it"
             ) from err
+        header = parse_json(header_bytes, source=f"{source} header", expect=None,
+                            fix="delete it and profile again")
         if not isinstance(header, dict):
             raise EntmtpError(f"{path} is not an entmtp profile (its header is not a JSON object)")
         if header.get("format") != PROFILE_FORMAT:
             raise EntmtpError(f"{path} is not an entmtp profile (format={header.get('format')!r})")
-        if int(header.get("format_version", 0)) > PROFILE_FORMAT_VERSION:
+        version = header.get("format_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise EntmtpError(f"{source}: format_version {short(repr(version))} is not an integer:"
+                              " delete it and profile again")
+        if version > PROFILE_FORMAT_VERSION:
             raise EntmtpError(
                 f"profile {path} has format_version {header['format_version']}, newer than this "
                 f"entmtp reads ({PROFILE_FORMAT_VERSION}): upgrade entmtp"

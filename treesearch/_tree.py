@@ -7,7 +7,6 @@ The root (depth 0) is the base model's own pending token and is not listed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,6 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from ._errors import EntmtpError
+from ._readers import parse_json
 
 Path = tuple[int, ...]
 
@@ -161,10 +161,8 @@ class Tree:
     @classmethod
     def from_json(cls, obj: object, **kwargs) -> Tree:
         if isinstance(obj, str):
-            try:
-                obj = json.loads(obj)
-            except json.JSONDecodeError as err:
-                raise EntmtpError(f"tree JSON is malformed: {err.msg} at char {err.pos}") from err
+            obj = parse_json(obj, source="tree JSON", expect=(list, dict),
+                             fix="give a JSON list of paths such as [[0], [0, 1], [1]]")
         if isinstance(obj, dict):
             obj = obj.get("paths", obj.get("medusa_choices"))
         return cls.from_paths(obj, **kwargs)  # type: ignore[arg-type]

@@ -138,7 +138,7 @@ def test_bad_inputs_raise(tmp_path):
     with pytest.raises(EntmtpError, match="line 2"):
         load_prompts("chat", data=tmp_path / "bad.jsonl")
     (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
-    with pytest.raises(EntmtpError, match="unreadable"):
+    with pytest.raises(EntmtpError, match="not UTF-8"):
         load_prompts("chat", data=tmp_path / "latin1.jsonl")
     with pytest.raises(EntmtpError, match="split"):
         load_prompts("code", split="train")
