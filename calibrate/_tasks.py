@@ -170,7 +170,7 @@ def read_prompt_jsonl(path: str | os.PathLike) -> list[_Record]:
         prompt = row.get("prompt") if isinstance(row, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
             raise EntmtpError(
-                f"{path} line {number} has no 'prompt' field (a non-empty string): "
+                f"{source} line {number} has no 'prompt' field (a non-empty string): "
                 "every line needs one"
             )
         raw_id = row.get("id", row.get("prompt_id"))

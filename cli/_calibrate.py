@@ -192,6 +192,13 @@ def calibrate(
     check_device_and_dtype(device, dtype)
     console = Console()
     run = RunDir(out or Path("runs") / f"{task}-{head_type}")
+    # Check the given files before the run folder is made or a model is loaded.
+    if latency is not None:
+        LatencyModel.load(latency)
+    if data is not None and not run.profile.exists():
+        from entmtp.calibrate._tasks import read_prompt_jsonl
+
+        read_prompt_jsonl(data)
     try:
         run.root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
