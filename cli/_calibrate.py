@@ -28,7 +28,7 @@ from ._model_setup import (
     check_device_and_dtype,
     load_model_and_heads,
 )
-from ._runs import RunDir, search_stage
+from ._runs import RunDir, check_run_arguments, record_run_arguments, search_stage, start_afresh
 from .app import app
 
 
@@ -54,7 +54,8 @@ def remove_stale_temp_files(run: RunDir, num_shards: int, shard_index: int) -> N
     Only this shard's own targets: another shard may be writing its files right now.
     """
     if num_shards == 1:
-        targets = [run.profile, run.latency, run.front, run.acceptance, run.bundle, run.report]
+        targets = [run.profile, run.latency, run.front, run.acceptance, run.bundle, run.report,
+                   run.record]
     else:
         targets = [shard_profile_path(run, num_shards, shard_index)]
     patterns = [f".{target.name}.*.tmp" for target in targets]
@@ -182,6 +183,9 @@ def calibrate(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
     strict: bool = typer.Option(False, "--strict", help="Refuse a latency model that fails its "
                                 "noise checks (exit 2) instead of searching with warnings."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start the run folder again: delete its "
+                               "profile, latency and search files (a folder made with other "
+                               "arguments is refused without it)."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
 ) -> None:
@@ -195,35 +199,61 @@ def calibrate(
     # Check the given files before the run folder is made or a model is loaded.
     if latency is not None:
         LatencyModel.load(latency)
-    if data is not None and not run.profile.exists():
-        from entmtp.calibrate._tasks import read_prompt_jsonl
+    if not run.profile.exists():
+        from entmtp.calibrate._tasks import load_prompts
 
-        read_prompt_jsonl(data)
+        load_prompts(task, data=data, split=split, num_prompts=prompts, seed=seed)
+    from entmtp.calibrate._profiler import resolve_shard
+
+    shards, index = resolve_shard(num_shards, shard_index)
+    arguments = {"task": task, "model": model, "heads": heads, "head_type": head_type,
+                 "data": data, "split": split, "prompts": prompts,
+                 "max_new_tokens": max_new_tokens, "topk": topk, "seed": seed,
+                 "device": device, "dtype": dtype}
+    if storage is not None:
+        open_storage(storage)  # fail now, not after the profile has been computed
+    check_run_arguments(run, arguments, fresh=fresh)
+    made = not run.root.exists()
     try:
         run.root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise EntmtpError(f"cannot create run folder {run.root}: {err.strerror}") from err
+    try:
+        _calibrate_in(run, arguments, fresh=fresh, shards=shards, index=index,
+                      loader=functools.cache(lambda: load_model_and_heads(
+                          model, heads, head_type, device=device, dtype=dtype)),
+                      latency=latency, console=console, strict=strict,
+                      settings=SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
+                                              schedule_trials=schedule_trials, seed=seed,
+                                              storage=storage,
+                                              validation_folds=validation_folds,
+                                              study_name=f"entmtp-{task}"),
+                      batch_size=batch_size)
+    finally:
+        if made and run.root.is_dir() and not any(run.root.iterdir()):
+            run.root.rmdir()  # nothing was written: leave no empty folder
+    if run.bundle.exists():
+        console.print(f"wrote {run.bundle} and {run.report}")
+
+
+def _calibrate_in(run: RunDir, arguments: dict, *, fresh: bool, shards: int, index: int,
+                  loader: Callable[[], tuple], latency: Path | None,
+                  console: Console, strict: bool, settings: SearchSettings,
+                  batch_size: int) -> None:
     if not os.access(run.root, os.W_OK):
         raise EntmtpError(f"run folder {run.root} is not writable: choose another --out")
-    from entmtp.calibrate._profiler import resolve_shard
-
-    shards, index = resolve_shard(num_shards, shard_index)
-    if storage is not None:
-        open_storage(storage)  # fail now, not after the profile has been computed
+    if fresh:
+        start_afresh(run)
     remove_stale_temp_files(run, shards, index)
-    loader = functools.cache(lambda: load_model_and_heads(model, heads, head_type,
-                                                          device=device, dtype=dtype))
     profile = profile_stage(
-        run, task=task, loader=loader, data=data, split=split,
-        num_prompts=prompts, max_new_tokens=max_new_tokens, topk=topk, seed=seed,
-        batch_size=batch_size, num_shards=shards, shard_index=index, console=console,
+        run, task=arguments["task"], loader=loader, data=arguments["data"],
+        split=arguments["split"], num_prompts=arguments["prompts"],
+        max_new_tokens=arguments["max_new_tokens"], topk=arguments["topk"],
+        seed=arguments["seed"], batch_size=batch_size, num_shards=shards, shard_index=index,
+        console=console,
     )
+    record_run_arguments(run, arguments)  # once something of the run is on disk
     if profile is None:
         return
     latency_stage(run, latency_file=latency, loader=loader, console=console, strict=strict)
-    settings = SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
-                              schedule_trials=schedule_trials, seed=seed, storage=storage,
-                              validation_folds=validation_folds,
-                              study_name=f"entmtp-{task}")
-    search_stage(run, settings, console=console, task=task)
-    console.print(f"wrote {run.bundle} and {run.report}")
+    search_stage(run, settings, console=console, task=arguments["task"])

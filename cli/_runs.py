@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import shutil
 import sys
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as _package_version
@@ -59,6 +60,11 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.root / "report.md"
+
+    @property
+    def record(self) -> Path:
+        """The arguments that made the run (``check_run_arguments``)."""
+        return self.root / "run.json"
 
 
 def entmtp_version() -> str:
@@ -144,6 +150,71 @@ def load_acceptance(run: RunDir) -> AcceptanceTable:
         return AcceptanceTable.from_json(obj)
     except EntmtpError as err:
         raise EntmtpError(f"{source}: {err}: {fix}") from err
+
+
+# -- the arguments a run folder was made with -------------------------------------------------
+RUN_RECORD_FORMAT = "entmtp-run"
+_OPTION_OF = {"max_new_tokens": "--max-new-tokens", "head_type": "--head-type",
+              "data_sha256": "--data (its contents)"}
+# What a profile records of the arguments: checked for run folders made before run.json.
+_PROFILE_FIELDS = ("task", "topk", "split", "max_new_tokens", "seed", "head_type")
+
+
+def normalized_arguments(arguments: dict) -> dict:
+    """Paths made absolute and the --data file's sha256 added, so that a run is recognised
+    from any working folder and an edited data file is not taken for the same one."""
+    out = dict(arguments)
+    for key in ("model", "heads", "data"):
+        value = out.get(key)
+        if value is not None and Path(value).expanduser().exists():
+            out[key] = str(Path(value).expanduser().resolve())
+    if out.get("data") is not None:
+        out["data_sha256"] = hashlib.sha256(Path(out["data"]).read_bytes()).hexdigest()
+    return out
+
+
+def _option(key: str) -> str:
+    return _OPTION_OF.get(key, "--" + key.replace("_", "-"))
+
+
+def check_run_arguments(run: RunDir, arguments: dict, *, fresh: bool) -> None:
+    """Refuse to reuse a run folder made with other arguments (``--fresh`` starts it again)."""
+    if fresh or not run.root.is_dir():
+        return
+    wanted = normalized_arguments(arguments)
+    fix = (f"choose another --out, or pass --fresh to delete {run.root}'s profile, latency and "
+           "search files and start again")
+    if run.record.exists() or run.record.is_symlink():
+        source = f"run record {run.record}"
+        record = read_json(run.record, source=source,
+                           fix=f"delete it if {run.root} was made with this command's arguments")
+        made_with = require(record, "arguments", dict, source=source, fix=fix)
+    elif run.profile.exists():  # a run from before run.json: its profile says what made it
+        meta = Profile.load(run.profile).meta
+        made_with = {key: getattr(meta, key) for key in _PROFILE_FIELDS}
+        wanted = {key: wanted[key] for key in _PROFILE_FIELDS}
+    else:
+        return
+    differ = [key for key in wanted if made_with.get(key) != wanted[key]]
+    if differ:
+        old = " ".join(f"{_option(k)} {made_with.get(k)}" for k in differ)
+        new = " ".join(f"{_option(k)} {wanted[k]}" for k in differ)
+        raise EntmtpError(f"run folder {run.root} was made with {old}, not {new}: {fix}")
+
+
+def record_run_arguments(run: RunDir, arguments: dict) -> None:
+    record = {"format": RUN_RECORD_FORMAT, "arguments": normalized_arguments(arguments)}
+    if not run.record.exists():
+        atomic_write_json(run.record, record)
+
+
+def start_afresh(run: RunDir) -> None:
+    """Delete what the stages of a run wrote (``calibrate --fresh``)."""
+    for path in (run.record, run.profile, run.latency, run.front, run.acceptance, run.bundle,
+                 run.report, *run.root.glob("profile-shard*-of-*.npz")):
+        path.unlink(missing_ok=True)
+    if run.shards.is_dir():
+        shutil.rmtree(run.shards)
 
 
 def _inputs_digest(run: RunDir) -> str:

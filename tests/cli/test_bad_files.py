@@ -97,13 +97,13 @@ def _write(path: Path, content: bytes) -> Path:
 # role -> (word the message must hold, argv builder(bad file, run copy, tmp))
 LATENCY_READERS: dict[str, tuple[str, Callable[[Path, Path, Path], list[str]]]] = {
     "calibrate --latency": ("latency", lambda f, r, t: [
-        "calibrate", "--out", str(r), "--latency", str(f), "--schedule-trials", "2"]),
+        "calibrate", "--out", str(t / "new-run"), "--latency", str(f), "--schedule-trials", "2"]),
     "retarget --latency": ("latency", lambda f, r, t: [
         "retarget", str(r), "--latency", str(f), "--out", str(t / "retargeted")]),
     "plot-latency": ("latency", lambda f, r, t: ["plot-latency", str(f), "--out",
                                                  str(t / "p.png")]),
-    "run latency.json": ("latency", lambda f, r, t: [
-        "calibrate", "--out", str(r), "--schedule-trials", "2"]),
+    "run latency.json": ("latency file", lambda f, r, t: [
+        "pareto", str(r), "--schedule-trials", "2"]),
 }
 
 
@@ -112,7 +112,7 @@ LATENCY_READERS: dict[str, tuple[str, Callable[[Path, Path, Path], list[str]]]] 
 def test_bad_latency_file_is_one_line_error(demo_run, tmp_path, role, content):
     run = _copy_run(demo_run, tmp_path)
     data = BAD_CONTENTS.get(content, BAD_LATENCY.get(content))
-    if role == "run latency.json":  # the run's own latency.json, damaged; search not yet done
+    if role == "run latency.json":  # the run's own latency.json, damaged; pareto searches
         bad = _write(run / "latency.json", data)
         (run / "front.json").unlink()
     else:
@@ -226,18 +226,19 @@ def test_bad_acceptance_is_one_line_error(demo_run, tmp_path, content):
 
 @pytest.mark.parametrize("damaged", ["bundle.json", "acceptance.json", "front.json"])
 def test_a_damaged_finished_search_stage_is_redone(demo_run, tmp_path, damaged):
-    """A truncated file of the last stage makes the next run search again, not fail."""
+    """A truncated file of the last stage makes the next run search again, not fail (demo and
+    calibrate share the search stage)."""
     run = _copy_run(demo_run, tmp_path)
     good = (run / damaged).read_bytes()
     _write(run / damaged, good[: len(good) // 2])
-    result = runner.invoke(app, ["pareto", str(run), "--no-buckets"] if damaged == "front.json"
-                           else ["calibrate", "--out", str(run), "--schedule-trials", "4"])
     if damaged == "front.json":  # pareto only reads: it names the file and the fix
+        result = runner.invoke(app, ["pareto", str(run), "--no-buckets"])
         assert result.exit_code == 2 and "delete it" in result.stderr
         (run / damaged).unlink()
-        result = runner.invoke(app, ["pareto", str(run), "--no-buckets", "--schedule-trials", "4"])
+        result = runner.invoke(app, ["pareto", str(run), "--no-buckets",
+                                     "--schedule-trials", "4"])
     else:
-        result = runner.invoke(app, ["calibrate", "--out", str(run), "--schedule-trials", "4"])
+        result = runner.invoke(app, ["demo", "--out", str(run), "--schedule-trials", "4"])
     assert result.exit_code == 0, result.output
     load_bundle(run / "bundle.json")
     assert (run / damaged).read_bytes() == good  # the same search again: the same bytes
