@@ -1,0 +1,231 @@
+"""Every output path entmtp writes, when it must not or cannot: a folder, a symbolic link, a
+device node or pipe, a read-only file, a path under a file, a full disk. Each is one
+``entmtp: error:`` line, exit 2, and nothing added, removed or changed (no temp file, no empty
+folder); the link's target and the device node stay as they were. Also ``demo``'s own checks and
+a run folder reused with other arguments."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from one_line_errors import assert_user_error, snapshot
+from typer.testing import CliRunner
+
+from entmtp.cli._runs import RunDir, record_run_arguments
+from entmtp.cli.app import app
+from entmtp.treesearch import LatencyModel, load_bundle, synthetic_profile
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bad-outputs") / "demo"
+    result = runner.invoke(app, ["demo", "--out", str(root), "--schedule-trials", "4"])
+    assert result.exit_code == 0, result.output
+    return root
+
+
+def _read_only(path: Path) -> Path:
+    path.write_bytes(b"keep me")
+    path.chmod(0o444)
+    return path
+
+
+def _link(path: Path) -> Path:
+    target = path.parent / "link-target.txt"
+    target.write_bytes(b"the link's target")
+    path.symlink_to(target)
+    return path
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+# kind -> make(the output path) -> the path to pass as the output
+BAD_TARGETS: dict[str, Callable[[Path], Path]] = {
+    "a-folder": lambda p: (p.mkdir(), p)[1],
+    "a-symlink": _link,
+    "a-dangling-symlink": lambda p: (p.symlink_to(p.parent / "nowhere"), p)[1],
+    "a-pipe": _fifo,
+    "the-null-device": lambda p: Path(os.devnull),
+    "read-only": _read_only,
+    "under-a-file": lambda p: (p.parent.joinpath("afile").write_bytes(b"x"),
+                               p.parent / "afile" / "out")[1],
+}
+
+# writer -> argv builder(output path, demo run copy)
+WRITERS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "show-tree --out": lambda o, r: ["show-tree", str(r / "bundle.json"), "--out", str(o)],
+    "plot-latency --out": lambda o, r: ["plot-latency", str(r / "latency.json"), "--out", str(o)],
+    "pareto --plot": lambda o, r: ["pareto", str(r), "--no-buckets", "--plot", str(o)],
+    "pareto --acceptance-plot": lambda o, r: ["pareto", str(r), "--no-buckets",
+                                              "--acceptance-plot", str(o)],
+    "export --out": lambda o, r: ["export", str(r / "bundle.json"), "--format", "entmtp",
+                                  "--out", str(o)],
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_TARGETS))
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_bad_output_target_is_one_line_error(demo_run, tmp_path, writer, kind):
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+    out = BAD_TARGETS[kind](tmp_path / "out.png")
+    null_before = os.stat(os.devnull)
+    assert_user_error(WRITERS[writer](out, run), tmp_path)
+    null_after = os.stat(os.devnull)
+    assert stat.S_ISCHR(null_after.st_mode) and null_after.st_ino == null_before.st_ino
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS])
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_os_error_while_writing_is_one_line_and_leaves_nothing(demo_run, tmp_path, monkeypatch,
+                                                               writer, code):
+    """A full disk (or a permission error) during the write: no temp file, no new folder."""
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+
+    def failing_fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    assert_user_error(WRITERS[writer](tmp_path / "new" / "deeper" / "out.png", run), tmp_path,
+                      mentions=(os.strerror(code).lower(),))
+
+
+def test_read_only_file_is_kept_and_a_writable_one_replaced(demo_run, tmp_path):
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+    out = _read_only(tmp_path / "out.json")
+    assert_user_error(WRITERS["export --out"](out, run), tmp_path, mentions=("read-only",))
+    out.chmod(0o644)
+    result = runner.invoke(app, WRITERS["export --out"](out, run))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() != b"keep me"
+
+
+# -- demo -----------------------------------------------------------------------------------
+def _real_run(root: Path, *, latency_kind: str | None = "cpu") -> Path:
+    """A calibration run's folder: a profile of a real model, a measured latency model."""
+    root.mkdir()
+    profile = synthetic_profile(num_traces=4, positions=64, num_heads=3, seed=2)
+    profile.meta.model = "SmolLM2-135M-Instruct"
+    profile.save(root / "profile.npz")
+    if latency_kind is not None:
+        model = LatencyModel.cpu_like()
+        LatencyModel(**{**model.__dict__, "hardware": {"kind": latency_kind}}).save(
+            root / "latency.json")
+    return root
+
+
+DEMO_CASES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
+    "out-is-a-file": (lambda t: ["demo", "--out", str(_read_only(t / "f"))], ("not a folder",)),
+    "out-is-a-symlink": (lambda t: ["demo", "--out", str(_link(t / "l"))], ("not a folder",)),
+    "seed-negative": (lambda t: ["demo", "--out", str(t / "d"), "--seed", "-1"], ("--seed",)),
+    "no-trials": (lambda t: ["demo", "--out", str(t / "d"), "--schedule-trials", "0"],
+                  ("--schedule-trials",)),
+    "bad-latency-kind": (lambda t: ["demo", "--out", str(t / "d"), "--latency", "tpu"],
+                         ("--latency",)),
+    "real-run": (lambda t: ["demo", "--out", str(_real_run(t / "real"))], ("calibration run",)),
+    "measured-latency": (lambda t: ["demo", "--out", str(_measured_only(t / "m"))],
+                         ("measured latency",)),
+    "damaged-run-latency": (lambda t: ["demo", "--out", str(_damaged_latency(t / "m"))],
+                            ("latency file",)),
+}
+
+
+def _measured_only(root: Path) -> Path:
+    root.mkdir()
+    LatencyModel.cpu_like().__class__(
+        **{**LatencyModel.cpu_like().__dict__, "hardware": {"device": "cpu"}}
+    ).save(root / "latency.json")
+    return root
+
+
+def _damaged_latency(root: Path) -> Path:
+    root.mkdir()
+    (root / "latency.json").write_bytes(b"\xff\xfe{")
+    return root
+
+
+@pytest.mark.parametrize("case", list(DEMO_CASES))
+def test_demo_bad_input_is_one_line_error(tmp_path, case):
+    argv, mentions = DEMO_CASES[case]
+    args = argv(tmp_path)
+    assert_user_error(args, tmp_path, mentions=mentions)
+
+
+def test_demo_reruns_into_its_own_folder(demo_run, tmp_path):
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+    before = snapshot(run)
+    result = runner.invoke(app, ["demo", "--out", str(run), "--schedule-trials", "4"])
+    assert result.exit_code == 0, result.output
+    assert snapshot(run) == before
+
+
+# -- a run folder reused with other arguments -----------------------------------------------
+def _recorded_run(root: Path, **arguments) -> Path:
+    run = RunDir(root)
+    root.mkdir()
+    profile = synthetic_profile(num_traces=4, positions=64, num_heads=3, seed=2)
+    profile.meta.task, profile.meta.topk = "code", 10
+    profile.meta.split, profile.meta.max_new_tokens, profile.meta.seed = "calibration", 128, 0
+    profile.save(run.profile)
+    LatencyModel.cpu_like().save(run.latency)
+    if arguments:
+        record_run_arguments(run, {"task": "code", "model": None, "heads": None,
+                                   "head_type": "medusa", "data": None, "split": "calibration",
+                                   "prompts": 24, "max_new_tokens": 128, "topk": 10, "seed": 0,
+                                   "device": "cpu", "dtype": "float32", **arguments})
+    return root
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["run.json", "profile-only"])
+@pytest.mark.parametrize("other", [
+    ["--task", "chat"],
+    ["--topk", "5"],
+    ["--task", "chat", "--topk", "5"],
+    ["--seed", "3"],
+    ["--max-new-tokens", "64"],
+    ["--head-type", "hydra"],
+], ids=lambda o: " ".join(o))
+def test_run_folder_made_with_other_arguments_is_refused(tmp_path, recorded, other):
+    run = _recorded_run(tmp_path / "run", **({"device": "cpu", "dtype": "fp32"}
+                                             if recorded else {}))
+    message = assert_user_error(["calibrate", "--out", str(run), "--schedule-trials", "2",
+                                 *other], tmp_path, mentions=("--fresh", other[0]))
+    assert "was made with" in message
+
+
+def test_recorded_model_and_heads_are_compared(tmp_path):
+    run = _recorded_run(tmp_path / "run", device="cpu", dtype="fp32")
+    assert_user_error(["calibrate", "--out", str(run), "--model", "other/model",
+                       "--schedule-trials", "2"], tmp_path, mentions=("--model",))
+
+
+def test_fresh_starts_the_run_again(tiny_model_dir, tiny_medusa_dir, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                            for i, p in enumerate(["def add(a, b):", "Once upon a time"])))
+    run = _recorded_run(tmp_path / "run", device="cpu", dtype="fp32")
+    latency = LatencyModel.cpu_like().save(tmp_path / "latency.json")
+    args = ["calibrate", "--latency", str(latency), "--model", str(tiny_model_dir),
+            "--heads", str(tiny_medusa_dir),
+            "--data", str(data), "--split", "all", "--prompts", "2", "--max-new-tokens", "4",
+            "--task", "chat", "--topk", "5", "--schedule-trials", "2", "--out", str(run)]
+    assert_user_error(args, tmp_path, mentions=("--task",))
+    result = runner.invoke(app, [*args, "--fresh"])
+    assert result.exit_code == 0, result.output
+    bundle = load_bundle(run / "bundle.json")
+    assert bundle.heads.topk == 5
+    assert json.loads((run / "front.json").read_text())["task"] == "chat"
+    assert json.loads((run / "run.json").read_text())["arguments"]["task"] == "chat"
+    again = runner.invoke(app, args)  # the same arguments: the finished run is reused
+    assert again.exit_code == 0, again.output
