@@ -3,9 +3,12 @@ file or folder added, removed or changed (bytes included)."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
@@ -26,6 +29,16 @@ def snapshot(*roots: Path) -> dict[Path, bytes | None]:
             elif path.is_file():
                 out[path] = path.read_bytes()
     return out
+
+
+def char_device(path: Path) -> Path:
+    """A character device node (the null device's numbers) at ``path``, never the system's
+    /dev/null: a writer that replaced its target would replace only this one."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError as err:
+        pytest.skip(f"cannot make a device node here ({err.strerror})")
+    return path
 
 
 def without_tmp_paths(message: str, tmp_path: Path) -> str:

@@ -9,13 +9,12 @@ content is a way a file goes wrong (see ``BAD_CONTENTS``, ``BAD_LATENCY``, ``BAD
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from one_line_errors import assert_user_error
+from one_line_errors import assert_user_error, char_device
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
@@ -125,7 +124,7 @@ BAD_PATHS: dict[str, Callable[[Path], Path]] = {
     "missing": lambda t: t / "nope.json",
     "a-folder": lambda t: t,
     "parent-is-a-file": lambda t: _write(t / "f", b"x") / "latency.json",
-    "device-node": lambda t: Path(os.devnull),
+    "device-node": lambda t: char_device(t / "device"),
 }
 
 
