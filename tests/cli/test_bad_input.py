@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import typer
+from one_line_errors import assert_user_error
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
@@ -24,16 +24,10 @@ from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._synthetic import synthetic_profile
 
 runner = CliRunner()
-ERROR_PREFIX = "entmtp: error:"
 GOOD_PROMPTS = ["def add(a, b):", "Once upon a time", "hello world"]
 
 
 # -- helpers --------------------------------------------------------------------------------
-def snapshot(*roots: Path) -> dict[Path, bytes]:
-    return {path: path.read_bytes() for root in roots for path in sorted(root.rglob("*"))
-            if path.is_file()}
-
-
 def registered(name: str, *options: str) -> None:
     """Skip unless ``entmtp NAME`` exists and takes ``options``."""
     command = typer.main.get_command(app).commands.get(name)
@@ -43,32 +37,6 @@ def registered(name: str, *options: str) -> None:
     missing = [opt for opt in options if opt not in known]
     if missing:
         pytest.skip(f"`entmtp {name}` has no {', '.join(missing)} option")
-
-
-def assert_user_error(args: list[str], *watched: Path, env: dict[str, str] | None = None,
-                      mentions: tuple[str, ...] = ()) -> str:
-    """Run ``entmtp ARGS``; check the one-line error and that no file under ``watched``
-    changed. Returns the error line without temp paths."""
-    before = snapshot(*watched)
-    result = runner.invoke(app, args, env={"WORLD_SIZE": None, "RANK": None, **(env or {})})
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        f"{args}: crashed with {type(result.exception).__name__}: {result.exception}")
-    assert result.exit_code == 2, (args, result.output)
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if ERROR_PREFIX in line]
-    assert len(errors) == 1 and errors[0].startswith(ERROR_PREFIX), result.stderr
-    # Anything printed before (a model-loading bar) is fine; the error is the last word.
-    assert result.stderr.strip().splitlines()[-1].strip() == errors[0].strip(), result.stderr
-    message = without_tmp_paths(errors[0], watched[0]).lower()
-    for word in mentions:
-        assert word in message, errors[0]
-    assert snapshot(*watched) == before, f"{args} changed files"
-    return message
-
-
-def without_tmp_paths(message: str, tmp_path: Path) -> str:
-    """The message with pytest's temp paths cut out: they hold test names such as "storage"."""
-    return re.sub(re.escape(str(tmp_path.parent)) + r"\S*", "<path>", message)
 
 
 def write_jsonl(path: Path, prompts: list[str]) -> Path:
