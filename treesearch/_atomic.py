@@ -42,16 +42,16 @@ def check_writable_target(path: str | os.PathLike, *, replace_read_only: bool = 
     except OSError as err:
         raise EntmtpError(f"cannot write {target}: {err.strerror}") from err
     if stat.S_ISLNK(info.st_mode):
-        raise EntmtpError(f"{target} is a symbolic link: entmtp does not write through links; "
-                          "give the real path or remove the link")
+        raise EntmtpError(f"cannot write {target}: it is a symbolic link, and entmtp does not "
+                          "write through links: give the real path or remove the link")
     if stat.S_ISDIR(info.st_mode):
-        raise EntmtpError(f"{target} is a folder: give a file path to write")
+        raise EntmtpError(f"cannot write {target}: it is a folder: give a file path to write")
     if not stat.S_ISREG(info.st_mode):
-        raise EntmtpError(f"{target} is not a regular file (a device, pipe or socket): "
-                          "give a file path to write")
+        raise EntmtpError(f"cannot write {target}: it is not a regular file (a device, pipe or "
+                          "socket): give a file path to write")
     if not replace_read_only and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        raise EntmtpError(f"{target} is read-only: make it writable (chmod u+w) or remove it "
-                          "to replace it, or choose another output path")
+        raise EntmtpError(f"cannot write {target}: it is read-only: make it writable (chmod u+w) "
+                          "or remove it to replace it, or choose another output path")
     return target
 
 

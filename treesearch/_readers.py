@@ -126,7 +126,7 @@ def parse_json(text: str | bytes, *, source: str, fix: str = "",
             f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
             fix)) from err
     except RecursionError as err:
-        raise EntmtpError(_join(f"{source}: not valid here: JSON nested too deeply", fix)) from err
+        raise EntmtpError(_join(f"{source}: JSON nested too deeply", fix)) from err
     except ValueError as err:  # an integer literal longer than Python converts (4300 digits)
         raise EntmtpError(_join(f"{source}: not a valid file: {short(str(err))}", fix)) from err
     check_values(obj, source=source, fix=fix)
