@@ -63,7 +63,7 @@ def greedy_candidates_from_table(
     trees = best_trees_from_table(table, max_nodes)
     accepts = greedy_accept_lengths(table, len(trees))
     candidates = _scored(trees, accepts, latency)
-    if all_depths:
+    if all_depths and trees:  # no trees: the heads never matched, plain decoding wins
         for cap in range(1, table.max_depth):
             rows = np.flatnonzero(table.depths <= cap)[: len(trees)]
             # Budgets whose uncapped tree is already this shallow would repeat it.

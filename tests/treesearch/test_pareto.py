@@ -154,3 +154,18 @@ def test_fronts_by_bucket_equal_per_bucket_fronts() -> None:
         assert [(c.tree, c.expected_accept_length, c.latency_ms) for c in fronts[b]] == [
             (c.tree, c.expected_accept_length, c.latency_ms) for c in want
         ]
+
+
+def test_heads_that_never_match_give_an_empty_front_and_plain_decoding():
+    """A Hydra checkpoint on a model it was not trained for: every rank is a miss (-1). With a
+    per-level latency the depth-capped family used to take argmax of an empty sequence."""
+    from entmtp.treesearch import SearchSettings, search
+    from entmtp.treesearch._synthetic import synthetic_profile
+
+    latency = LatencyModel.cpu_like(depth_ms=0.5)
+    assert build_front(-np.ones((50, 3), dtype=np.int16), latency, max_nodes=8) == []
+    profile = synthetic_profile(num_traces=4, positions=64, num_heads=3, seed=2)
+    for trace in profile.traces:
+        trace.ranks[:] = -1
+    outcome = search(profile, latency, SearchSettings(schedule_trials=3, validation_folds=0))
+    assert [tree.num_nodes for tree in outcome.schedule.schedule.trees] == [0]
