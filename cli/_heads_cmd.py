@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,12 @@ def train(
         raise EntmtpError("--num-heads and --num-layers must be at least 1")
     if max_new_tokens < 1:
         raise EntmtpError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise EntmtpError(f"--lr {lr}: use a positive finite learning rate such as 1e-3")
+    if not (math.isfinite(heldout_fraction) and 0 <= heldout_fraction < 1):
+        raise EntmtpError(f"--heldout-fraction {heldout_fraction}: use a fraction in [0, 1)")
+    if epochs < 1 or batch_size < 1 or prompts < 1:
+        raise EntmtpError("--epochs, --batch-size and --prompts must be at least 1")
     items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
     from entmtp.calibrate._heads import new_heads, save_heads
