@@ -262,18 +262,11 @@ class _StepTimer:
         self.trees = trees
         self.decoder = SpeculativeDecoder(model, heads, topk=topk, engine=engine, graphs=graphs)
         self.clock = clock if clock is not None else self.decoder.clock
-        # Medusa heads prepare one projection row per level of the schedule's deepest tree, so
-        # their prepare and fused steps are timed for every draft depth; Hydra's prepare is
-        # head 1.
-        self.draft_depths = (list(range(1, heads.num_heads + 1))
-                             if self.decoder.drafter.head_type == "medusa"
-                             else [heads.num_heads])
+        self.draft_depths = _draft_depths(self.decoder)
         generator = torch.Generator().manual_seed(seed)
         vocab = model.get_output_embeddings().weight.shape[0]
         prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
-        static = self.decoder.static_engine
-        runner = _StaticSteps if static is not None else _EagerSteps
-        self.steps = runner(self.decoder, trees, contexts, self.draft_depths, prompt, self.clock)
+        self.steps = fixed_context_steps(self.decoder, trees, prompt, contexts, clock=self.clock)
         self.keys: list[_Key] = []
         for length in contexts:
             self.keys += [("tree", i, length) for i in range(len(trees))]
@@ -302,6 +295,28 @@ class _StepTimer:
     def describe(self) -> dict[str, Any]:
         """What was timed, for the model's ``hardware`` record."""
         return {"runtime_note": self.decoder.runtime_note, **self.steps.describe()}
+
+
+def _draft_depths(decoder: SpeculativeDecoder) -> list[int]:
+    """Draft depths whose preparation differs: Medusa heads prepare one projection row per
+    level of the schedule's deepest tree, Hydra's preparation is head 1 whatever the depth."""
+    num_heads = decoder.heads.num_heads
+    return list(range(1, num_heads + 1)) if decoder.drafter.head_type == "medusa" \
+        else [num_heads]
+
+
+def fixed_context_steps(
+    decoder: SpeculativeDecoder, trees: Sequence[Tree], prompt: torch.Tensor,
+    contexts: Sequence[int], *, clock: Any = None,
+) -> _StaticSteps | _EagerSteps:
+    """The profiler's timed steps on ``decoder``'s greedy runtime at ``contexts`` (prefixes of
+    ``prompt`` [P], P >= every context): ``time((kind, index, context))`` is the ms of one step
+    from that context's saved state, which it restores after. Kinds: ``tree`` (index: into
+    ``trees``), ``autoregressive``, and by draft depth ``prepare`` (when ``books_prepare``) and
+    ``fused_empty`` (fusing heads). ``clock``: default the decoder's."""
+    runner = _StaticSteps if decoder.static_engine is not None else _EagerSteps
+    return runner(decoder, list(trees), [int(c) for c in contexts], _draft_depths(decoder),
+                  prompt, clock if clock is not None else decoder.clock)
 
 
 class _StaticSteps:
