@@ -139,7 +139,7 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
         return
     if run.latency.exists():
         reused = LatencyModel.load(run.latency)
-        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype")
+        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype", "engine")
                           if reused.hardware.get(k))
         console.print(f"[dim]latency: reusing {run.latency}"
                       f"{f' (measured on {where})' if where else ''}[/dim]")

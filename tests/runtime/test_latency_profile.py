@@ -484,3 +484,18 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
         # the prefill of a longer prompt rounds its first tokens' keys a little differently
         assert seen[0][1] == pytest.approx(want[1], rel=1e-4, nan_ok=True)
     assert len(trees) == 3
+
+
+def test_a_model_the_static_engine_cannot_run_is_profiled_on_the_eager_steps(rt):
+    """auto falls back to the eager runtime exactly where greedy decoding does, and says why."""
+    model = rt.sharp_llama(6)
+    model.model.rotary_emb.rope_type = "dynamic"  # inv_freq would change with the length
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    latency = profile_latency(model, heads, node_counts=(0, 2), depths=(2,),
+                              context_lengths=(8,), repeats=1, warmup=0, topk=3, remeasure=0)
+    hardware = latency.hardware
+    assert hardware["engine"] == "eager" and hardware["graphs"] is False
+    assert "eager runtime" in hardware["runtime_note"] and "dynamic" in hardware["runtime_note"]
+    assert latency.prepare_ms > 0  # the eager runtime prepares before a draft-entropy choice
+    with pytest.raises(EntmtpError, match="engine='static'"):
+        profile_latency(model, heads, node_counts=(0,), context_lengths=(8,), engine="static")
