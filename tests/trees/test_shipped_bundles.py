@@ -157,3 +157,25 @@ def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, 
     for path in bundles:
         with pytest.raises(EntmtpError, match="sha256"):
             check_bundle_fits(load_bundle(path), default_base, changed)
+
+
+# -- the profiles every shipped bundle was searched from ---------------------------------------
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("task", TASKS)
+def test_shipped_profile_replays_to_each_bundle_searched_from_it(task, head_type):
+    """trees/profiles/TASK-TYPE is the profile behind the three TASK-TYPE bundles: their
+    schedules replayed on it under their own latency model give their predicted figures."""
+    from entmtp.treesearch import Profile, replay
+
+    folder = shipped("profiles", f"{task}-{head_type}")
+    profile = Profile.load(folder / "profile.npz")
+    front = json.loads((folder / "front.json").read_text())
+    assert (profile.meta.task, profile.meta.head_type, front["task"]) == (task, head_type, task)
+    for target in TARGETS:
+        bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-{target}.json"))
+        assert bundle.heads.sha256 == profile.meta.heads_sha256
+        result = replay(profile, bundle.schedule(), bundle.latency)
+        assert result.tokens_per_second == pytest.approx(
+            bundle.predicted.tokens_per_second, rel=1e-9)
+        assert result.mean_accept_length == pytest.approx(
+            bundle.predicted.mean_accept_length, rel=1e-9)
