@@ -707,7 +707,7 @@ def bench(
             console.print(escape(target_line(prediction)), soft_wrap=True)
         for prediction in predictions.values():
             for warning in prediction["warnings"]:
-                typer.echo(f"entmtp: warning: {prediction['row']}: {warning}", err=True)
+                typer.echo(f"entmtp: warning: bench row {prediction['row']!r}: {warning}", err=True)
     console.print(f"torch threads: {used_threads} ({thread_source})" if on_cpu else
                   "device: not the CPU (torch threads unchanged)")
     report = {
