@@ -19,7 +19,8 @@ dtype (runtime/_departures.py: a near-tie of the top two logits, or not). The is
 graph runtime's autoregressive step over the bare captured forward of one token (at most 1.25x),
 and a 64-node tree's whole step over the bare captured forward of its 65 tokens (drafting and
 bookkeeping at most 15% of it), both over the same static cache. Writes ``static_check.json``
-under ``--out`` (default ``$OUT`` or the working directory). Any figure comes from the machine it ran on; none is written here.
+under ``--out`` (default ``$OUT`` or the working directory). Any figure comes from the machine
+it ran on; none is written here.
 """
 
 from __future__ import annotations
