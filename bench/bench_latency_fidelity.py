@@ -1,14 +1,19 @@
 """Does the latency profiler's step time match live decoding? Step ms of static trees, three ways.
 
     .venv/bin/python bench/bench_latency_fidelity.py --task code --head-type hydra \
-        [--prompts 4] [--max-new-tokens 64] [--rounds 2] [--threads 2]
+        [--prompts 4] [--max-new-tokens 64] [--rounds 2] [--threads 2] \
+        [--engine auto|static|eager] [--no-graphs] [--device cuda --dtype bf16]
 
 On the default model with the shipped heads, for a few static trees (none, 1 node, 3 nodes on
 one level, 3 nodes in a chain), each round measures the mean step time
 - live: ``SpeculativeDecoder.generate`` over the held-out prompts (``StepLog.step_ms``);
-- fixed: what ``entmtp latency`` does: one step at the prompt's context, the cache cut back and
-  the state restored after each, 8 steps per prompt;
+- fixed: what ``entmtp latency`` does, with its own code (``fixed_context_steps``): one step at
+  the prompt's context from its saved state, restored after each, 8 steps per prompt;
 - growing: steps committed one after another, the context growing as in decoding;
+all on the runtime greedy decoding runs (``--engine``: the static engine, graphs on CUDA, unless
+eager is asked for or the model needs it). On the static engine the fixed and growing steps
+also output the path's entropies (as the profiler times them), which a static tree's live step
+skips.
 and prints the latency file's modelled step time of that tree beside them. If fixed and live
 agree, the profiler's method is faithful and a gap to the model is the machine, not the method.
 """
@@ -20,10 +25,10 @@ import statistics
 
 import torch
 
+from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.cli._live import encode_prompts, load_base, load_heads_for, load_task_prompts
 from entmtp.runtime._decode import SpeculativeDecoder
-from entmtp.runtime._kv_cache import truncate_cache
-from entmtp.runtime._latency_profile import budget_tree
+from entmtp.runtime._latency_profile import budget_tree, fixed_context_steps
 from entmtp.runtime._scheduler import StaticScheduler
 from entmtp.runtime._verify import greedy_accept
 from entmtp.treesearch import LatencyModel
@@ -32,12 +37,34 @@ from entmtp.treesearch._tree import Tree
 FIXED_STEPS = 8  # steps per prompt at its fixed context
 
 
-def timed_step(decoder: SpeculativeDecoder, state, plan) -> float:
-    start = decoder.clock.now()
+def growing_steps(decoder: SpeculativeDecoder, prompt: torch.Tensor, tree: Tree, count: int
+                  ) -> list[float]:
+    """ms of ``count`` steps of ``tree`` committed one after another after the prompt."""
+    clock = decoder.clock
+    times = []
+    engine = decoder.static_engine
     with torch.inference_mode():
-        outcome = decoder.step(state, plan, greedy_accept)
-        decoder.commit(state, outcome, outcome.path)
-    return decoder.clock.now() - start
+        if engine is not None:
+            step = engine.tree_step(tree, base_entropy=True)
+            engine.reserve(len(prompt) + count * (tree.num_nodes + 1) + tree.num_nodes + 1)
+            engine.capture([step])
+            engine.prefill(prompt.to(engine.device))
+            past = len(prompt)
+            for _ in range(count):
+                start = clock.now()
+                engine.run(step, past)
+                past += step.readback().length
+                times.append(clock.now() - start)
+            return times
+        plan = decoder.plan(tree)
+        state, _ = decoder.prefill(prompt, lambda logits: int(logits.argmax()))
+        for _ in range(count):
+            start = clock.now()
+            outcome = decoder.step(state, plan, greedy_accept)
+            decoder.commit(state, outcome, outcome.path)
+            entropy_from_logits(outcome.logits[outcome.path]).tolist()
+            times.append(clock.now() - start)
+    return times
 
 
 def main() -> None:
@@ -50,15 +77,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--latency", default=None,
                         help="latency file to compare with (default: the 2-thread CPU file)")
+    parser.add_argument("--engine", default="auto", choices=["auto", "static", "eager"])
+    parser.add_argument("--no-graphs", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    base = load_base(None)
+    base = load_base(None, device=args.device, dtype=args.dtype)
     heads = load_heads_for(base, None, args.head_type, None)
     prompts = encode_prompts(base, load_task_prompts(
         task=args.task, data=None, split="heldout", num_prompts=args.prompts, seed=0),
         args.max_new_tokens)
-    decoder = SpeculativeDecoder(base.model, heads, topk=10)
+    decoder = SpeculativeDecoder(base.model, heads, topk=10, engine=args.engine,
+                                 graphs=not args.no_graphs)
+    print(decoder.runtime_note)
     latency = LatencyModel.load(
         args.latency or f"trees/latency/cpu2-{args.head_type}-smollm2-135m.json")
     trees = {
@@ -71,25 +104,19 @@ def main() -> None:
           f"{'model ms':>9} {'fixed/live':>10}")
     for round_index in range(args.rounds):
         for name, tree in trees.items():
-            plan = decoder.plan(tree)
             live, fixed, growing = [], [], []
             for prompt in prompts:
                 result = decoder.generate(prompt.ids, StaticScheduler(tree),
                                           max_new_tokens=args.max_new_tokens)
                 live += [step.step_ms for step in result.step_log]
-                state, _ = decoder.prefill(prompt.ids, lambda logits: int(logits.argmax()))
-                saved = (state.past_len, state.pending, state.hidden)
-                for _ in range(FIXED_STEPS):
-                    fixed.append(timed_step(decoder, state, plan))
-                    truncate_cache(state.cache, saved[0])
-                    state.past_len, state.pending, state.hidden = saved
-                for _ in range(args.max_new_tokens // 2):
-                    growing.append(timed_step(decoder, state, plan))
+                ids = torch.as_tensor(prompt.ids, dtype=torch.int64).reshape(-1)
+                steps = fixed_context_steps(decoder, [tree], ids, [len(ids)])
+                fixed += [steps.time(("tree", 0, len(ids))) for _ in range(FIXED_STEPS)]
+                growing += growing_steps(decoder, ids, tree, args.max_new_tokens // 2)
             live_ms, fixed_ms = statistics.mean(live), statistics.mean(fixed)
             print(f"{round_index:>5} {name:>8} {live_ms:>8.1f} {fixed_ms:>9.1f} "
                   f"{statistics.mean(growing):>11.1f} {latency.tree_ms(tree):>9.1f} "
                   f"{fixed_ms / live_ms:>10.3f}")
-
 
 if __name__ == "__main__":
     main()

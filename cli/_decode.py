@@ -21,7 +21,7 @@ from ._live import (
     load_heads_for,
     read_bundle,
 )
-from ._model_setup import DEVICE_OPTION, DTYPE_OPTION
+from ._model_setup import DEVICE_OPTION, DTYPE_OPTION, ENGINE_OPTION, GRAPHS_OPTION, check_engine
 from .app import app
 
 STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
@@ -76,6 +76,8 @@ def decode(
                                          "shipped heads (default: the bundle's head type)."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    engine: str = ENGINE_OPTION,
+    graphs: bool = GRAPHS_OPTION,
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
@@ -83,6 +85,7 @@ def decode(
     """
     console = Console()
     check_head_type(head_type)
+    check_engine(engine)
     check_max_new_tokens(max_new_tokens)
     if not prompt.strip():
         raise EntmtpError("--prompt is empty: give the text to continue")
@@ -97,7 +100,8 @@ def decode(
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler
 
-    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk)
+    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
+                                 graphs=graphs)
     stream = TextStream(base.tokenizer, console)
     options = {}
     if supports_step_callback(decoder):
@@ -116,5 +120,6 @@ def decode(
     console.print(
         f"[dim]{len(result.tokens)} tokens in {result.steps} steps; mean accept length "
         f"{result.mean_accept_length:.3f}; {result.decode_tokens_per_second:.2f} tokens/s "
-        f"decoding ({result.tokens_per_second:.2f} with the prefill); trees used: {trees}[/dim]"
+        f"decoding ({result.tokens_per_second:.2f} with the prefill); trees used: {trees}; "
+        f"{decoder.runtime_note}[/dim]"
     )

@@ -25,7 +25,15 @@ from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bu
 from entmtp.treesearch._atomic import atomic_write
 
 from ._errors import user_errors
-from ._model_setup import DEVICE_OPTION, DTYPE_OPTION, check_device, resolve_dtype_name
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    ENGINE_OPTION,
+    GRAPHS_OPTION,
+    check_device,
+    check_engine,
+    resolve_dtype_name,
+)
 from ._runs import RunDir, load_front, search_stage
 from .app import app
 
@@ -261,11 +269,12 @@ def measure_latency(
     node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
     context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
     warmup: int | None = None, seed: int = 0, threads: int | None = None,
-    remeasure: int | None = None,
+    remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
 ) -> LatencyModel:
     """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
 
-    ``threads``: torch's intra-op CPU threads (None: torch's default).
+    ``threads``: torch's intra-op CPU threads (None: torch's default). ``engine`` / ``graphs``:
+    the runtime whose steps are timed (``profile_latency``).
     """
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
@@ -298,7 +307,7 @@ def measure_latency(
         options = {"node_counts": node_counts, "depths": depths,
                    "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
                    "remeasure": remeasure}
-        measured = profile_latency(base, draft,
+        measured = profile_latency(base, draft, engine=engine, graphs=graphs,
                                    **{k: v for k, v in options.items() if v is not None})
         hardware = describe_hardware(
             device=device, dtype=dtype_name, model_name=name, random_weights=random_weights,
@@ -324,6 +333,8 @@ def latency(
                                   "(--random-weights without --heads)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
+    engine: str = ENGINE_OPTION,
+    graphs: bool = GRAPHS_OPTION,
     node_counts: str | None = typer.Option(None, "--node-counts", help="Tree sizes to time, "
                                            "e.g. 0,1,3,7,15,31,63,127 (default: the profiler's)."),
     depths: str | None = typer.Option(None, "--depths", help="Tree depths to time, e.g. 1,4."),
@@ -350,6 +361,7 @@ def latency(
     entmtp latency --random-weights --dtype bf16 --device cuda --out h200.json
     """
     console = Console()
+    check_engine(engine)
     with console.status(f"timing draft + verify steps on {device} ({dtype})..."):
         measured = measure_latency(
             model=model, heads=heads, head_type=head_type, num_heads=num_heads,
@@ -358,6 +370,7 @@ def latency(
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
+            engine=engine, graphs=graphs,
         )
     check_latency_model(measured, strict=strict, source="latency measurement")
     measured.save(out)
@@ -368,7 +381,12 @@ def latency(
                   f"{measured.step_ms(largest, 0):.2f} ms at {largest} nodes; "
                   f"autoregressive {measured.autoregressive_ms:.2f} ms")
     console.print(spread_line(measured))
-    if measured.prepare_ms_by_depth:
+    if hw.get("runtime_note"):
+        console.print(f"[dim]timed the steps of: {hw['runtime_note']}[/dim]")
+    if hw.get("engine") == "static" and measured.fused_empty_ms is not None:
+        console.print("heads prepared for a draft-entropy choice: inside each step (the static "
+                      "engine's steps prepare the next at their end)")
+    elif measured.prepare_ms_by_depth:
         console.print("heads prepared for a draft-entropy choice, by draft depth: "
                       + ", ".join(f"{ms:.2f}" for ms in measured.prepare_ms_by_depth) + " ms")
     if measured.fused_empty_ms_by_depth:

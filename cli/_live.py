@@ -117,6 +117,8 @@ class Method:
     name: str
     run: Callable[[list[int], int], Any]
     info: dict[str, Any] = field(default_factory=dict)  # heads, tree sizes ... for the report
+    # makes the runtime ready for contexts up to n tokens (cache reserved, graphs captured)
+    ready: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -217,7 +219,10 @@ def run_side_by_side(
     runs = [MethodRuns(m) for m in methods]
     if not prompts:
         return runs
+    longest = max(len(p.ids) for p in prompts) + max_new_tokens
     for method in methods:
+        if method.ready is not None:
+            method.ready(longest)
         method.run(prompts[0].ids, min(WARMUP_TOKENS, max_new_tokens))
     slots: list[list[Any]] = [[None] * len(prompts) for _ in methods]
     with progress_bar(console) as bar:
@@ -242,17 +247,63 @@ def speculative_method(name: str, decoder, scheduler, *, eos: Sequence[int],
     def run(ids: list[int], max_new_tokens: int):
         return decoder.generate(ids, scheduler, max_new_tokens=max_new_tokens, eos_token_ids=eos)
 
-    return Method(name, run, dict(info or {}))
+    def ready(max_context: int) -> None:
+        decoder.warm_up(scheduler, max_context=max_context)
+
+    return Method(name, run, dict(info or {}), ready)
 
 
-def autoregressive_method(model, *, eos: Sequence[int]) -> Method:
+def autoregressive_method(model, *, eos: Sequence[int], engine: str = "auto",
+                          graphs: bool = True) -> Method:
     from entmtp.runtime._decode import autoregressive_generate
 
     def run(ids: list[int], max_new_tokens: int):
         return autoregressive_generate(model, ids, max_new_tokens=max_new_tokens,
-                                       eos_token_ids=eos)
+                                       eos_token_ids=eos, engine=engine, graphs=graphs)
 
-    return Method("autoregressive", run, {})
+    def ready(max_context: int) -> None:
+        ar_engine = autoregressive_static_engine(model, engine=engine, graphs=graphs)
+        if ar_engine is not None:
+            from entmtp.runtime._scheduler import StaticScheduler
+            from entmtp.treesearch._tree import Tree
+
+            ar_engine.warm_up(StaticScheduler(Tree.from_paths([])), max_context)
+
+    return Method("autoregressive", run, {}, ready)
+
+
+def autoregressive_static_engine(model, *, engine: str, graphs: bool):
+    """The static engine ``autoregressive_generate`` runs ``model`` on (None: eager)."""
+    from entmtp.runtime._decode import autoregressive_engine
+    from entmtp.runtime._static_model import static_support
+
+    if engine == "eager" or static_support(model) is not None:
+        return None
+    on_cuda = model.get_output_embeddings().weight.device.type == "cuda"
+    return autoregressive_engine(model, graphs=graphs and on_cuda)
+
+
+def runtime_report(decoders: Sequence[Any], model, *, engine: str, graphs: bool
+                   ) -> dict[str, Any]:
+    """The runtime the rows ran on: ``--engine`` / ``--graphs`` as given, the decoders' one-line
+    note, and every CUDA graph capture (time, memory growth) of their static engines and of the
+    autoregressive one."""
+    notes = list(dict.fromkeys(d.runtime_note for d in decoders))
+    engines = [("autoregressive", autoregressive_static_engine(model, engine=engine,
+                                                                graphs=graphs))]
+    engines += [(f"decoder {i}", d.static_engine) for i, d in enumerate(decoders)]
+    captures = [{"runtime": name, "step": r.step, "capture_ms": r.capture_ms,
+                 "memory_bytes": r.memory_bytes}
+                for name, static in engines if static is not None for r in static.capture_log]
+    return {
+        "engine": engine,
+        "graphs": graphs,
+        "runtime_note": notes[0] if len(notes) == 1 else notes,
+        "graph_captures": len(captures),
+        "capture_ms": sum(c["capture_ms"] for c in captures),
+        "capture_memory_bytes": sum(c["memory_bytes"] for c in captures),
+        "captures": captures,
+    }
 
 
 def tree_info(tree) -> dict[str, Any]:

@@ -28,6 +28,23 @@ DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the pre
                             "model's weights (loaded heads follow it).")
 
 
+# --engine and --graphs of every command that decodes or times steps (latency, bench, validate,
+# decode, calibrate's latency stage), declared once.
+ENGINES = ("auto", "static", "eager")
+ENGINE_OPTION = typer.Option("auto", "--engine", help="auto, static or eager: the runtime of "
+                             "greedy steps (auto: the static-shape one for Llama-family models, "
+                             "else eager).")
+GRAPHS_OPTION = typer.Option(True, "--graphs/--no-graphs", help="Capture static steps as CUDA "
+                             "graphs (on CUDA; ignored on the CPU).")
+
+
+def check_engine(engine: str) -> str:
+    """``--engine`` as given, or a one-line error."""
+    if engine not in ENGINES:
+        raise EntmtpError(f"--engine {engine!r}: use {', '.join(ENGINES)}")
+    return engine
+
+
 def check_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
     """(device, torch dtype name) of ``--device`` / ``--dtype``; a one-line error for a bad
     value, so that commands check both before any side effect."""

@@ -41,11 +41,18 @@ from ._live import (
     ratio,
     read_bundle,
     run_side_by_side,
+    runtime_report,
     speculative_method,
     task_for,
     write_json,
 )
-from ._model_setup import DEVICE_OPTION, DTYPE_OPTION
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    ENGINE_OPTION,
+    GRAPHS_OPTION,
+    check_engine,
+)
 from .app import app
 
 MAX_MISMATCHES_SHOWN = 10
@@ -121,6 +128,8 @@ def validate(
                                       "prompts and compare live steps with the exact replay."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    engine: str = ENGINE_OPTION,
+    graphs: bool = GRAPHS_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
@@ -129,6 +138,7 @@ def validate(
     """
     console = Console()
     check_head_type(head_type)
+    check_engine(engine)
     check_max_new_tokens(max_new_tokens)
     bundle_path, bundle = read_bundle(source)
     task_name = task_for(task, data, bundle.task)
@@ -142,11 +152,13 @@ def validate(
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler
 
-    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk)
+    decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
+                                 graphs=graphs)
+    console.print(f"[dim]{decoder.runtime_note}[/dim]")
     eos = sorted(base.eos_token_ids)
     entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle_schedule(bundle)),
                                 eos=eos)
-    reference = autoregressive_method(base.model, eos=eos)
+    reference = autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)
     live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,
                                 console=console, description="decoding")
     differ = live.identical_to(ar)
@@ -173,6 +185,7 @@ def validate(
         "tree_usage": {str(k): v for k, v in live.tree_usage().items()},
         "entmtp": live.summary(),
         "autoregressive": ar.summary(),
+        "runtime": runtime_report([decoder], base.model, engine=engine, graphs=graphs),
     }
     if check_replay:
         report.update(replay_check(base, draft_heads, bundle, encoded, live, ar, console=console))

@@ -1,10 +1,51 @@
 """Measured step latency of draft trees on this machine, fitted to a treesearch ``LatencyModel``.
 
-A timed step is what a live decoding step costs: drafting with the heads, the verification
-forward, greedy acceptance, cache compaction and the entropies of the accepted path. Each tree is
-timed at several KV-cache lengths (a random prompt of that length); after every step the cache is
-cut back, so all repeats see the same context. Trees per node budget: a chain-like one (as deep as
-the heads allow) and a wide one (as shallow as the top-k allows), plus any trees given.
+The profiler times the steps greedy decoding runs, on the runtime it runs them on
+(``SpeculativeDecoder``'s ``engine`` and ``graphs``; ``hardware["engine"]`` says which). A step
+is what a live decoding step costs: drafting with the heads, the verification forward, greedy
+acceptance, cache compaction and the entropies its schedule reads. Each tree is timed at several
+KV-cache lengths, every step from the same saved state of its context, so all repeats see the
+same context. Trees per node budget: a chain-like one (as deep as the heads allow) and a wide one
+(as shallow as the top-k allows), plus any trees given.
+
+**Static engine** (``engine="auto"`` on a Llama-family model, or ``"static"``): the engine's own
+step objects (runtime/_static_step.py), timed by ``StaticEngine.timed_run`` from launch to the
+step's one readback, CUDA graphs replayed when on (captured before timing starts). What each
+field of the model holds, and what the replay (treesearch/_replay.py) charges with it:
+
+- ``verify_ms`` (and ``depth_ms``): ``TreeStep(tree, base_entropy=True)``, a base-entropy
+  schedule's step, exactly. A static tree's step is the same without the path's entropies, and
+  a draft-entropy schedule's drafted step drafts from the prepared heads and prepares the next
+  state's at its end instead (the same head work, but Medusa prepares the schedule's deepest
+  ``D`` rows where the tree's own ``d`` would do, and one entropy instead of ``d + 1``): both
+  are charged this figure.
+- ``autoregressive_ms``: ``TreeStep(empty)`` with no entropies, ``autoregressive_generate``'s
+  step (which runs it on an engine without heads; an empty tree never calls them).
+- ``fused_empty_ms_by_depth[d - 1]`` (heads that fuse, ``fuses_with_base``):
+  ``TreeStep(empty, prepare_depth=d, fuse=True)``, a depth-``d`` draft-entropy schedule's
+  empty-tree step, exactly.
+- ``prepare_ms_by_depth[d - 1]``: on this engine every draft-entropy step prepares the next
+  state's heads at its own end (a ``PrepareStep`` after the prefill prepares the first, in the
+  prefill's time), so nothing is prepared before a choice. With fusing heads the replay's
+  charges (an empty step after a drafted one adds ``prepare``, a drafted step after an empty one
+  saves it) must then be 0, and are: the field holds zeros and no prepare point is timed. With
+  other heads (Hydra; Medusa without the shared lm_head) an empty tree's draft-entropy step is
+  the plain empty step plus the preparation at its end, which is what the replay charges
+  (``verify_ms[0] + prepare``): the field holds ``PrepareStep(d)`` timed alone (the same
+  ``prepare`` call; alone it pays one more launch and readback, microseconds on a GPU).
+
+One engine serves every context: the contexts are prefixes of one random prompt, prefilled
+shortest first, each context's state buffers saved after its prefill; a timed step starts from
+them and the cache slots it wrote are put back after it. Graphs read the past length from the
+state, so one capture serves every context. With graphs the attention spans the whole reserved
+cache (``hardware["cache_capacity"]``: the longest context plus the largest tree, rounded up as
+the engine reserves), as in decoding, whose reserve is the prompt plus the new tokens.
+
+**Eager runtime** (``engine="eager"``, and models the static engine cannot run): the decoder's
+eager steps (``step``, ``prepare``, ``fused_empty_step``, a plain forward for the autoregressive
+step), each context with its own prefilled cache, cut back after every step. There a
+draft-entropy step prepares before its choice, unless a fused empty step before it did:
+``prepare_ms`` is that preparation and ``fused_empty_ms`` the fused empty step, each timed alone.
 
 Timing is interleaved: each round times one step of every tree (and one plain decode step) at
 every context length, so a slow spell of a shared machine lands on all trees and contexts alike
@@ -13,17 +54,12 @@ its spread (the interquartile range of its rounds, ``LatencyPoint``); the points
 model fails (``LatencyModel.findings``: a fused empty step cheaper than a plain one, an
 empty-tree step off an autoregressive one, a step that gets cheaper as the tree grows, rounds
 spread too widely) are timed again in fresh rounds, a bounded number of times, and a model that
-still fails carries the findings as warnings. Each round also times the heads' preparation for a
-draft-entropy choice (``prepare_ms``) and, when the heads fuse with the base model's lm_head
-(Medusa with a shared lm_head), one fused empty-tree step (``fused_empty_ms``: the plain step
-whose projection also yields the next step's heads, plus that head 1's entropy), cache restored
-after it like the other steps. Medusa heads prepare one projection row per level of the
-schedule's deepest tree, so both are timed for every draft depth 1..num_heads
-(``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth``; the scalar fields hold the deepest).
-A point's time is the trimmed mean of its ``repeats``
-(``TRIM`` cut at each end): the mean, because a decode's time is the sum of its steps, trimmed so
-that one stray pause does not move it. The median used before sat below the live mean on a loaded
-machine (steps have a long right tail), so bundles over-promised tokens/s.
+still fails carries the findings as warnings. Medusa heads prepare one projection row per level
+of the schedule's deepest tree, so prepare and fused steps are timed for every draft depth
+1..num_heads (``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth``; the scalar fields hold the
+deepest); Hydra's preparation is head 1 whatever the depth. A point's time is the trimmed mean
+of its ``repeats`` (``TRIM`` cut at each end): the mean, because a decode's time is the sum of
+its steps, trimmed so that one stray pause does not move it.
 """
 
 from __future__ import annotations
@@ -54,6 +90,16 @@ DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_REPEATS = 10
 DEFAULT_REMEASURE = 2  # passes that time the points of failed checks again
 TRIM = 0.1  # fraction of a point's timed steps cut at each end before the mean
+# What each engine's steps book in the model's fields (the module doc has the details).
+STATIC_BOOKING = (
+    "static engine steps from launch to readback: verify_ms = base-entropy tree steps; "
+    "autoregressive_ms = the empty tree's step without entropies; fused_empty_ms = the fused "
+    "empty step of a draft-entropy schedule; prepare_ms = the preparation a draft-entropy step "
+    "does at its end (0 for fusing heads: every step prepares the next inside its own time)")
+EAGER_BOOKING = (
+    "eager steps: verify_ms = step + commit + the path's entropies; autoregressive_ms = one "
+    "plain forward; prepare_ms = the heads run before a draft-entropy choice; fused_empty_ms = "
+    "the empty step whose projection also prepares the next")
 
 
 def trimmed_mean(times: Sequence[float], trim: float = TRIM) -> float:
@@ -151,6 +197,8 @@ def profile_latency(
     seed: int = 0,
     remeasure: int = DEFAULT_REMEASURE,
     clock: Any = None,
+    engine: str = "auto",
+    graphs: bool = True,
 ) -> LatencyModel:
     """Time trees of ``node_counts`` nodes (each at ``depths``, default 1 and all heads) and
     ``trees`` at every context length, and fit a ``LatencyModel`` (with ``autoregressive_ms``, a
@@ -159,7 +207,9 @@ def profile_latency(
     The points of a failed check (``LatencyModel.findings``) are timed again, in fresh
     interleaved rounds, at most ``remeasure`` times; a model that still fails carries the
     findings as its ``warnings``. ``clock``: an object whose ``now()`` gives ms (default: the
-    decoder's, which waits for queued device work).
+    decoder's, which waits for queued device work). ``engine`` / ``graphs``: as for
+    ``SpeculativeDecoder``; the steps timed are those its greedy ``generate`` runs (the module
+    doc says which); ``hardware`` records which.
     """
     model = _unwrap_model(model)
     if repeats < 1 or warmup < 0 or remeasure < 0:
@@ -177,7 +227,8 @@ def profile_latency(
             f"{max_positions} positions: measure shorter contexts"
         )
     contexts = [int(c) for c in dict.fromkeys(context_lengths)]
-    timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock)
+    timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock,
+                       engine=engine, graphs=graphs)
     samples = timer.rounds(timer.keys, warmup=warmup, repeats=repeats)
     passes = 0
     latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
@@ -201,36 +252,28 @@ _Key = tuple[str, int, int]
 
 
 class _StepTimer:
-    """Times steps of every kind at every context; each context keeps its own prefilled state
-    and cache, cut back after every step, so rounds can interleave contexts too."""
+    """Times steps of every kind at every context, on the runtime greedy decoding runs (the
+    decoder's static engine, else its eager steps); ``keys`` lists the points, contexts
+    interleaved."""
 
     def __init__(self, model, heads, trees: list[Tree], contexts: list[int], *, topk: int,
-                 seed: int, clock: Any) -> None:
+                 seed: int, clock: Any, engine: str = "auto", graphs: bool = True) -> None:
         self.model = model
         self.trees = trees
-        self.decoder = SpeculativeDecoder(model, heads, topk=topk)
+        self.decoder = SpeculativeDecoder(model, heads, topk=topk, engine=engine, graphs=graphs)
         self.clock = clock if clock is not None else self.decoder.clock
-        # Medusa heads prepare one projection row per level of the schedule's deepest tree, so
-        # their prepare and fused steps are timed for every draft depth; Hydra's prepare is
-        # head 1.
-        self.draft_depths = (list(range(1, heads.num_heads + 1))
-                             if self.decoder.drafter.head_type == "medusa"
-                             else [heads.num_heads])
-        self.empty_plan = self.decoder.plan(Tree.from_paths([]))
-        self.plans = [self.decoder.plan(tree) for tree in trees]
+        self.draft_depths = _draft_depths(self.decoder)
         generator = torch.Generator().manual_seed(seed)
         vocab = model.get_output_embeddings().weight.shape[0]
-        self.states: dict[int, tuple[DecodingState, tuple]] = {}
-        for length in contexts:
-            prompt = torch.randint(0, vocab, (length,), generator=generator)
-            state, _ = self.decoder.prefill(prompt, lambda logits: int(logits.argmax()))
-            self.states[length] = (state, (state.past_len, state.pending, state.hidden))
+        prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
+        self.steps = fixed_context_steps(self.decoder, trees, prompt, contexts, clock=self.clock)
         self.keys: list[_Key] = []
         for length in contexts:
             self.keys += [("tree", i, length) for i in range(len(trees))]
             self.keys.append(("autoregressive", 0, length))
             for depth in self.draft_depths:
-                self.keys.append(("prepare", depth, length))
+                if self.steps.books_prepare:
+                    self.keys.append(("prepare", depth, length))
                 if self.decoder.fuses_empty:
                     self.keys.append(("fused_empty", depth, length))
 
@@ -247,6 +290,127 @@ class _StepTimer:
         return times
 
     def time(self, key: _Key) -> float:
+        return self.steps.time(key)
+
+    def describe(self) -> dict[str, Any]:
+        """What was timed, for the model's ``hardware`` record."""
+        return {"runtime_note": self.decoder.runtime_note, **self.steps.describe()}
+
+
+def _draft_depths(decoder: SpeculativeDecoder) -> list[int]:
+    """Draft depths whose preparation differs: Medusa heads prepare one projection row per
+    level of the schedule's deepest tree, Hydra's preparation is head 1 whatever the depth."""
+    num_heads = decoder.heads.num_heads
+    return list(range(1, num_heads + 1)) if decoder.drafter.head_type == "medusa" \
+        else [num_heads]
+
+
+def fixed_context_steps(
+    decoder: SpeculativeDecoder, trees: Sequence[Tree], prompt: torch.Tensor,
+    contexts: Sequence[int], *, clock: Any = None,
+) -> _StaticSteps | _EagerSteps:
+    """The profiler's timed steps on ``decoder``'s greedy runtime at ``contexts`` (prefixes of
+    ``prompt`` [P], P >= every context): ``time((kind, index, context))`` is the ms of one step
+    from that context's saved state, which it restores after. Kinds: ``tree`` (index: into
+    ``trees``), ``autoregressive``, and by draft depth ``prepare`` (when ``books_prepare``) and
+    ``fused_empty`` (fusing heads). ``clock``: default the decoder's."""
+    runner = _StaticSteps if decoder.static_engine is not None else _EagerSteps
+    return runner(decoder, list(trees), [int(c) for c in contexts], _draft_depths(decoder),
+                  prompt, clock if clock is not None else decoder.clock)
+
+
+class _StaticSteps:
+    """The static engine's own steps (``StaticEngine.timed_run``: launch to readback, graphs
+    replayed on CUDA), each from the saved state of its context; the cache slots a step writes
+    are put back after it.
+
+    One engine serves every context: the contexts are prefixes of one random prompt, prefilled
+    shortest first, so the cache holds the longest and each context's state (past length,
+    pending token, hidden state, prepared heads) is saved after its own prefill. Graphs read the
+    past length from the state, so one capture of a step serves every context.
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, trees: list[Tree], contexts: list[int],
+                 draft_depths: list[int], prompt: torch.Tensor, clock: Any) -> None:
+        engine = decoder.static_engine
+        self.engine, self.clock = engine, clock
+        empty = Tree.from_paths([])
+        # Base-entropy schedules' steps; a static tree's skip the entropies, a draft-entropy
+        # schedule's drafted steps draft from the prepared heads and prepare at their end.
+        self.tree_steps = [engine.tree_step(tree, base_entropy=True) for tree in trees]
+        self.autoregressive = engine.tree_step(empty)  # autoregressive_generate's step
+        # Fusing heads: every draft-entropy step prepares the next at its end (an empty one in
+        # its projection), so no step prepares before its choice: the replay's prepare charge
+        # is 0. Otherwise an empty tree's draft-entropy step adds the preparation at its end.
+        self.books_prepare = not decoder.fuses_empty
+        self.prepare = ({d: engine.prepare_step(d) for d in draft_depths}
+                        if self.books_prepare else {})
+        self.fused = ({d: engine.tree_step(empty, prepare_depth=d, fuse=True)
+                       for d in draft_depths} if decoder.fuses_empty else {})
+        preparing = engine.prepare_step(max(draft_depths))
+        steps = [*self.tree_steps, self.autoregressive, *self.prepare.values(),
+                 *self.fused.values(), preparing]
+        with torch.inference_mode():
+            engine.reserve(max(contexts) + max(step.cache_width for step in steps))
+            engine.reserve_prepared()
+            engine.capture(steps)  # before the prefills: a capture's warm-up writes cache slots
+            self.states: dict[int, list[torch.Tensor]] = {}
+            prompt = prompt.to(engine.device)
+            for length in sorted(contexts):
+                engine.prefill(prompt[:length])
+                engine.run(preparing, length)
+                self.states[length] = engine.save_state()
+
+    def step(self, key: _Key):
+        kind, index, _ = key
+        if kind == "tree":
+            return self.tree_steps[index]
+        if kind == "autoregressive":
+            return self.autoregressive
+        return self.prepare[index] if kind == "prepare" else self.fused[index]
+
+    @torch.inference_mode()
+    def time(self, key: _Key) -> float:
+        engine, length = self.engine, key[2]
+        step = self.step(key)
+        engine.restore_state(self.states[length])
+        slots = slice(length, length + step.cache_width)
+        kept = engine.cache[:, :, :, slots].clone()  # a longer context's prompt sits there
+        elapsed = engine.timed_run(step, length, self.clock.now)
+        engine.cache[:, :, :, slots] = kept
+        return elapsed
+
+    def describe(self) -> dict[str, Any]:
+        engine = self.engine
+        log = engine.capture_log
+        return {
+            "engine": "static", "graphs": engine.graphs,
+            "window": "full" if engine.full_window else "filled",
+            "cache_capacity": engine.capacity,
+            "graph_captures": len(log),
+            "capture_ms": sum(r.capture_ms for r in log),
+            "capture_memory_bytes": sum(r.memory_bytes for r in log),
+            "booking": STATIC_BOOKING,
+        }
+
+
+class _EagerSteps:
+    """The eager runtime's steps (``SpeculativeDecoder.step`` and friends); each context keeps
+    its own prefilled state and cache, cut back after every step."""
+
+    books_prepare = True
+
+    def __init__(self, decoder: SpeculativeDecoder, trees: list[Tree], contexts: list[int],
+                 draft_depths: list[int], prompt: torch.Tensor, clock: Any) -> None:
+        self.decoder, self.clock = decoder, clock
+        self.empty_plan = decoder.plan(Tree.from_paths([]))
+        self.plans = [decoder.plan(tree) for tree in trees]
+        self.states: dict[int, tuple[DecodingState, tuple]] = {}
+        for length in contexts:
+            state, _ = decoder.prefill(prompt[:length], lambda logits: int(logits.argmax()))
+            self.states[length] = (state, (state.past_len, state.pending, state.hidden))
+
+    def time(self, key: _Key) -> float:
         step, index, length = key
         state, saved = self.states[length]
         decoder = self.decoder
@@ -258,7 +422,7 @@ class _StepTimer:
                 entropy_from_logits(outcome.logits[outcome.path]).tolist()
             elif step == "autoregressive":
                 step_input = torch.tensor([[state.pending]], device=decoder.device)
-                _, logits = forward_tokens(self.model, state.cache, step_input)
+                _, logits = forward_tokens(decoder.model, state.cache, step_input)
                 int(logits[-1].argmax())
             elif step == "prepare":  # reads the state only
                 prepared = decoder.prepare(state, index)
@@ -272,6 +436,9 @@ class _StepTimer:
         truncate_cache(state.cache, length)
         state.past_len, state.pending, state.hidden = saved
         return elapsed
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "eager", "graphs": False, "booking": EAGER_BOOKING}
 
 
 def _point(timer: _StepTimer, key: _Key, times: Sequence[float]) -> LatencyPoint:
@@ -309,9 +476,12 @@ def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths
         "head_type": getattr(heads, "head_type", ""),
         "num_heads": int(heads.num_heads),
         "autoregressive_ms_by_context": {str(k): v for k, v in autoregressive.items()},
+        **timer.describe(),
     }
     depths = timer.draft_depths
-    prepare_by_depth = [mean_of("prepare", d) for d in depths]
+    # Unbooked (the static engine with fusing heads): no step prepares before its choice.
+    prepare_by_depth = [mean_of("prepare", d) if timer.steps.books_prepare else 0.0
+                        for d in depths]
     fused_by_depth = [m for d in depths if (m := mean_of("fused_empty", d)) is not None]
     per_depth = len(depths) > 1
     model = LatencyModel.from_measurements(

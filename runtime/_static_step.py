@@ -134,7 +134,6 @@ class StaticEngine:
         self.hidden = torch.zeros(1, self.net.hidden_size, dtype=self.dtype, device=device)
         self.past_len = torch.zeros((), dtype=torch.int64, device=device)  # []
         self.prepared: torch.Tensor | None = None  # [rows, V] heads' first logits (draft signal)
-        self.prepared_depth = 0
         self._steps: dict[tuple, TreeStep] = {}  # by (tree, flags)
         self._steps_by_id: dict[tuple, tuple[Tree, TreeStep]] = {}  # the same, by id(tree)
         self._prepare_steps: dict[int, PrepareStep] = {}
@@ -153,18 +152,17 @@ class StaticEngine:
         self.capacity = capacity
         self.generation += 1
 
-    def reserve_prepared(self, max_depth: int) -> None:
-        """The buffer of the heads' first results for trees of depth <= ``max_depth``."""
-        drafter = self.drafter
-        rows = max(int(max_depth), 1) if isinstance(drafter, MedusaDrafter) else 1
-        depth = rows if isinstance(drafter, MedusaDrafter) else drafter.heads.num_heads
-        if self.prepared is not None and self.prepared.shape[0] == rows:
+    def reserve_prepared(self) -> None:
+        """The buffer of the heads' first results: one row per Medusa head (a schedule whose
+        deepest tree has depth ``d`` uses rows ``:d``), Hydra's head 1. Allocated once, so
+        schedules of any depth share it and every captured graph."""
+        if self.prepared is not None:
             return
-        heads = drafter.heads
+        heads = self.drafter.heads
+        rows = heads.num_heads if isinstance(self.drafter, MedusaDrafter) else 1
         dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
             else self.dtype
         self.prepared = torch.zeros(rows, heads.vocab_size, dtype=dtype, device=self.device)
-        self.prepared_depth = depth
         self.generation += 1
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -221,8 +219,14 @@ class StaticEngine:
         self.reserve(max_context + max(tree.num_nodes + 1 for tree in scheduler.trees))
         steps: list[TreeStep | PrepareStep] = [self.step_for(t, options) for t in scheduler.trees]
         if options.prepare_depth:
-            self.reserve_prepared(options.prepare_depth)
+            self.reserve_prepared()
             steps.append(self.prepare_step(options.prepare_depth))
+        self.capture(steps)
+
+    def capture(self, steps: Iterable[TreeStep | PrepareStep]) -> None:
+        """With graphs, capture each of ``steps`` now that is not captured for the current
+        buffers (nothing otherwise), so that no later run pays a capture. A capture's warm-up
+        runs from the current state and writes cache slots at or after its past length."""
         if self.graphs:
             for step in steps:
                 self._ensure_graph(step)
@@ -266,15 +270,21 @@ class StaticEngine:
         self._ensure_graph(step).replay()
 
     @torch.inference_mode()
-    def timed_run(self, step: TreeStep | PrepareStep, past_len: int) -> float:
+    def timed_run(self, step: TreeStep | PrepareStep, past_len: int,
+                  clock: Callable[[], float] | None = None) -> float:
         """Milliseconds of one run of ``step`` from the current state, launch to readback as
         decoding runs it; the state is restored afterwards, so a profiler can time every tree at
-        one fixed context (the step writes cache slots at or after ``past_len`` only)."""
+        one fixed context (the step writes cache slots at or after ``past_len`` only: a caller
+        that keeps other data there restores it). ``clock``: ms now (default: the host's
+        ``perf_counter``; a clock that waits for queued device work keeps earlier work out of
+        the step's time). Capture the step first (``capture``), or its first run includes the
+        capture."""
+        clock = clock if clock is not None else _host_ms
         saved = self.save_state()
-        start = time.perf_counter()
+        start = clock()
         self.run(step, past_len)
         step.readback()
-        elapsed = (time.perf_counter() - start) * 1000.0
+        elapsed = clock() - start
         self.restore_state(saved)
         return elapsed
 
@@ -363,8 +373,7 @@ class TreeStep:
         engine, plan = self.engine, self.plan
         if plan.depth == 0:
             return engine.pending
-        prepared = Prepared(engine.prepared_depth, engine.prepared) if self.prepare_depth \
-            else None
+        prepared = _prepared_view(engine, self.prepare_depth) if self.prepare_depth else None
         return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
 
     def verify(self, tokens: torch.Tensor, past_len: int | None
@@ -471,6 +480,10 @@ class PrepareStep:
         return self.out_floats.tolist()[0]
 
 
+def _host_ms() -> float:
+    return time.perf_counter() * 1000.0
+
+
 def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tensor) -> None:
     """``prepare`` at the engine's state into its prepared buffer; head 1's entropy into
     ``entropy_out`` [1]."""
@@ -478,8 +491,16 @@ def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tenso
     _store_prepared(engine, prepared.logits, entropy_out)
 
 
+def _prepared_view(engine: StaticEngine, max_depth: int) -> Prepared:
+    """The prepared buffer's rows for trees of depth <= ``max_depth``, as ``prepare`` gives."""
+    if isinstance(engine.drafter, MedusaDrafter):
+        depth = max(int(max_depth), 1)
+        return Prepared(depth, engine.prepared[:depth])
+    return Prepared(engine.drafter.heads.num_heads, engine.prepared)
+
+
 def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: torch.Tensor) -> None:
-    engine.prepared.copy_(logits)
+    engine.prepared[: logits.shape[0]].copy_(logits)
     entropy_out.copy_(entropy_from_logits(logits[:1]))
 
 

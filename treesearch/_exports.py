@@ -714,21 +714,6 @@ def _export_chain(
     return ExportResult(path, header, sidecar, warnings)
 
 
-def export(
-    bundle: Bundle,
-    fmt: str,
-    out_path: str | os.PathLike,
-    *,
-    tree_index: int | None = None,
-    largest_regular_subtree: bool = False,
-    refit: bool = False,
-    profile: Profile | None = None,
-    latency: LatencyModel | None = None,
-    bundle_name: str | None = None,
-) -> Path:
-    """``export_bundle`` returning only the written file's path."""
-    return export_bundle(
-        bundle, fmt, out_path, tree_index=tree_index,
-        largest_regular_subtree=largest_regular_subtree, refit=refit, profile=profile,
-        latency=latency, bundle_name=bundle_name,
-    ).path
+def export(bundle: Bundle, fmt: str, out_path: str | os.PathLike, **options: Any) -> Path:
+    """``export_bundle`` (same options) returning only the written file's path."""
+    return export_bundle(bundle, fmt, out_path, **options).path

@@ -114,7 +114,7 @@ def test_default_gguf_config_from_metadata_matches_the_cache():
 @pytest.mark.integration
 def test_shipped_config_copy_is_the_default_models_architecture():
     """trees/latency/ ships the default model's config so a GPU machine without the GGUF
-    package builds the same architecture (bench/gpu_latency.sh)."""
+    package builds the same architecture (entmtp latency --random-weights --model)."""
     from importlib import resources
 
     shipped = resources.files("entmtp.trees").joinpath("latency", "SmolLM2-135M-Instruct.Q4_1")

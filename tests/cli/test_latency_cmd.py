@@ -68,8 +68,22 @@ def test_random_weights_latency_is_a_valid_model(random_latency, tiny_model_dir)
     assert hw["dtype"] == "float32" and hw["torch"] == torch.__version__
     assert hw["model"] == tiny_model_dir.resolve().name
     assert hw["random_weights"] is True
+    # a Llama: the static engine's steps were timed (no graphs on the CPU)
+    assert hw["engine"] == "static" and hw["graphs"] is False
+    assert "static-shape runtime" in hw["runtime_note"]
     assert (hw["head_type"], hw["num_heads"]) == ("hydra", 3)
     assert isinstance(hw["cpu_count"], int) and hw["cpu_count"] >= 1
+
+
+def test_latency_engine_eager_times_the_eager_steps(profiler, tiny_model_dir, tmp_path):
+    out = tmp_path / "eager.json"
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 "--random-weights", "--head-type", "medusa", "--num-heads", "2",
+                                 "--engine", "eager", "--no-graphs"])
+    assert result.exit_code == 0, result.output
+    hw = LatencyModel.load(out).hardware
+    assert hw["engine"] == "eager" and hw["graphs"] is False
+    assert "eager runtime" in hw["runtime_note"] and "eager runtime" in result.output
 
 
 def test_latency_plot_is_written(random_latency):
@@ -114,6 +128,7 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
         (["--repeats", "0"], "--repeats"),
         (["--threads", "0"], "--threads"),
         (["--head-type", "eagle", "--random-weights"], "--head-type"),
+        (["--engine", "fast", "--random-weights"], "--engine"),
     ],
 )
 def test_latency_bad_options_are_one_line_errors(profiler, tiny_model_dir, tmp_path, options,

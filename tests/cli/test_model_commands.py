@@ -125,6 +125,23 @@ def test_validate_is_lossless_and_replays_the_calibration_profile_exactly(varied
     assert report["predicted_mean_accept_length"] == report["measured_mean_accept_length"]
     assert report["replayed_tokens_per_second"] == bundle.predicted.tokens_per_second
     assert "lossless" in result.output and "replay check" in result.output
+    runtime = report["runtime"]  # a Llama on the CPU: the static engine, nothing captured
+    assert runtime["engine"] == "auto" and runtime["graphs"] is True
+    assert "static-shape runtime (no graphs on cpu)" in runtime["runtime_note"]
+    assert runtime["graph_captures"] == 0 and runtime["captures"] == []
+    assert result.output.count("static-shape runtime") == 1
+
+
+def test_validate_on_the_eager_engine_is_lossless_and_says_so(varied, tmp_path):
+    out = tmp_path / "validate.json"
+    result = invoke(["validate", varied.run, *model_args(varied), "--prompts", 2,
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--json", out, "--engine", "eager",
+                     "--no-replay"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True
+    assert report["runtime"]["engine"] == "eager"
+    assert "eager runtime" in report["runtime"]["runtime_note"]
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -159,6 +176,10 @@ def test_bench_has_every_row_with_consistent_ratios(varied, tmp_path):
     assert 0 < oracle["entmtp_fraction_of_oracle"] <= 1
     width, height = _png_size(plot)
     assert width > 200 and height > 200
+    runtime = report["runtime"]
+    assert runtime["engine"] == "auto" and runtime["graphs"] is True
+    assert "static-shape runtime" in runtime["runtime_note"]
+    assert result.output.count("static-shape runtime") == 1  # the note, once
 
 
 def test_decode_prints_the_greedy_text_and_stats(varied):

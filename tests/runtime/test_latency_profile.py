@@ -38,13 +38,14 @@ def test_budget_trees_have_the_asked_size_and_depth(topk):
                 assert tree.depth == fits[0]  # as asked, or the shallowest that holds n nodes
 
 
-def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
+@pytest.mark.parametrize("engine", ["auto", "eager"])
+def test_profile_latency_structure_and_json_round_trip(rt, tmp_path, engine):
     model = rt.sharp_llama(6)
     heads = new_heads(model, head_type="hydra", num_heads=3, seed=0)
     extra = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
     latency = profile_latency(
         model, heads, node_counts=(0, 1, 3, 6), depths=(1, 3), context_lengths=(8, 24),
-        repeats=2, warmup=1, trees=[extra], topk=4, remeasure=0,
+        repeats=2, warmup=1, trees=[extra], topk=4, remeasure=0, engine=engine,
     )
     assert isinstance(latency, LatencyModel)
     # trees: 0 nodes once; 1 node once (chain == wide); 3 and 6 nodes wide and deep; + extra
@@ -62,6 +63,10 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path):
     assert hardware["torch"] == torch.__version__ and hardware["dtype"] == "float32"
     assert set(hardware["autoregressive_ms_by_context"]) == {"8", "24"}
     assert "trimmed mean" in hardware["statistic"]
+    # a Llama runs on the static engine unless eager is asked for; the file says which
+    assert hardware["engine"] == ("static" if engine == "auto" else "eager")
+    assert hardware["graphs"] is False  # no CUDA here
+    assert hardware["booking"] and hardware["runtime_note"]
     path = latency.save(tmp_path / "latency.json")
     assert LatencyModel.load(path) == LatencyModel.from_json(json.loads(path.read_text()))
     assert LatencyModel.load(path).to_json() == latency.to_json()
@@ -107,7 +112,7 @@ def test_profile_latency_interleaves_trees_round_by_round(rt, monkeypatch):
     model = rt.sharp_llama(6)
     heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
     profile_latency(model, heads, node_counts=(1, 3, 5), depths=(1,), context_lengths=(8, 16),
-                    repeats=3, warmup=1, topk=3, remeasure=0)
+                    repeats=3, warmup=1, topk=3, remeasure=0, engine="eager")
     trees = len(set(stepped))
     assert trees == 3
     one_round = stepped[:trees]
@@ -117,7 +122,7 @@ def test_profile_latency_interleaves_trees_round_by_round(rt, monkeypatch):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkeypatch, shared):
+def test_eager_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkeypatch, shared):
     from entmtp.runtime import _latency_profile
 
     fused = []
@@ -139,7 +144,8 @@ def test_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkeypatch,
     model = rt.sharp_llama(6)
     heads = new_heads(model, head_type="medusa", num_heads=2, seed=0, shared_lm_head=shared)
     latency = profile_latency(model, heads, node_counts=(0, 2), depths=(2,),
-                              context_lengths=(8, 16), repeats=3, warmup=1, topk=3, remeasure=0)
+                              context_lengths=(8, 16), repeats=3, warmup=1, topk=3, remeasure=0,
+                              engine="eager")
     # Medusa heads prepare one row per level: prepare is timed for each draft depth 1..2
     assert len(latency.prepare_ms_by_depth) == 2
     assert latency.prepare_ms == latency.prepare_ms_by_depth[-1] > 0
@@ -194,7 +200,7 @@ def _steady(timer, key, call):
     return base + wobble
 
 
-def _scripted_profile(rt, monkeypatch, durations, *, remeasure=2):
+def _scripted_profile(rt, monkeypatch, durations, *, remeasure=2, engine="auto"):
     from entmtp.runtime import _latency_profile
 
     script = _ScriptedTimes(durations)
@@ -203,17 +209,22 @@ def _scripted_profile(rt, monkeypatch, durations, *, remeasure=2):
     heads = new_heads(model, head_type="medusa", num_heads=2, seed=0, shared_lm_head=True)
     latency = profile_latency(model, heads, node_counts=(0, 2, 4), depths=(1, 2),
                               context_lengths=(8, 16), repeats=6, warmup=1, topk=3,
-                              remeasure=remeasure)
+                              remeasure=remeasure, engine=engine)
     return latency, script
 
 
-def test_a_quiet_measurement_passes_the_checks_with_its_spread(rt, monkeypatch):
-    latency, script = _scripted_profile(rt, monkeypatch, _steady)
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_a_quiet_measurement_passes_the_checks_with_its_spread(rt, monkeypatch, engine):
+    latency, script = _scripted_profile(rt, monkeypatch, _steady, engine=engine)
     assert latency.findings() == [] and latency.warnings == []
     assert latency.hardware["remeasure_passes"] == 0
     assert set(script.calls.values()) == {1 + 6}  # one pass: warm-up + repeats
     kinds = {p.step for p in latency.points}
-    assert kinds == {"tree", "autoregressive", "prepare", "fused_empty"}
+    if engine == "eager":
+        assert kinds == {"tree", "autoregressive", "prepare", "fused_empty"}
+    else:  # fusing heads on the static engine: every step prepares the next, none before
+        assert kinds == {"tree", "autoregressive", "fused_empty"}
+        assert latency.prepare_ms == 0 and latency.prepare_ms_by_depth == (0.0, 0.0)
     assert all(p.rounds == 6 and p.iqr_ms >= 0 for p in latency.points)
     assert {p.context for p in latency.points} == {8, 16}
     assert latency.noise_gain_bound() is not None and latency.noise_gain_bound() > 1.0
@@ -313,3 +324,178 @@ def test_profiling_beside_a_cpu_hog_passes_the_checks_or_says_it_does_not(rt, tm
     problems = _reference_problems(written)
     if problems:
         assert stored, f"the model has {problems} but carries no warning"
+
+
+# -- the static engine's own steps ----------------------------------------------------------------
+
+def _record_static_runs(monkeypatch):
+    """Records (engine, step, past length) of every ``StaticEngine.timed_run``."""
+    from entmtp.runtime._static_step import StaticEngine
+
+    runs = []
+    original = StaticEngine.timed_run
+
+    def recording(engine, step, past_len, clock=None):
+        runs.append((engine, step, past_len))
+        return original(engine, step, past_len, clock)
+
+    monkeypatch.setattr(StaticEngine, "timed_run", recording)
+    return runs
+
+
+@pytest.mark.parametrize(("head_type", "shared"), [("medusa", True), ("medusa", False),
+                                                   ("hydra", False)])
+def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, head_type,
+                                                               shared):
+    """Each round times, at each context, every measured tree's base-entropy step, the empty
+    tree's plain step (autoregressive), and per draft depth the fused empty step (fusing heads)
+    or the heads' preparation (other heads): the engine's step objects, nothing else."""
+    from entmtp.runtime._static_step import PrepareStep, TreeStep
+
+    runs = _record_static_runs(monkeypatch)
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type=head_type, num_heads=2, seed=0, shared_lm_head=shared)
+    latency = profile_latency(model, heads, node_counts=(0, 2, 4), depths=(1, 2),
+                              context_lengths=(8, 16), repeats=3, warmup=1, topk=3, remeasure=0)
+    assert latency.hardware["engine"] == "static" and latency.hardware["window"] == "filled"
+    engine = runs[0][0]
+    assert all(run[0] is engine for run in runs)
+    assert len(runs) % (1 + 3) == 0
+    per_round = len(runs) // (1 + 3)
+    assert runs == runs[:per_round] * (1 + 3)  # every round the same steps in the same order
+    one_round = runs[:per_round]
+    assert [past for _, _, past in one_round] == [8] * (per_round // 2) + [16] * (per_round // 2)
+    steps = [step for _, step, past in one_round if past == 8]
+    trees = {(s.plan.num_nodes, s.plan.depth) for s in steps if isinstance(s, TreeStep)
+             and not s.prepare_depth and s.base_entropy}
+    assert trees == {(n, d) for n, d, _ in latency.measurements}
+    plain = [s for s in steps if isinstance(s, TreeStep) and not s.base_entropy
+             and not s.prepare_depth]
+    assert len(plain) == 1 and plain[0].plan.num_nodes == 0  # the autoregressive step
+    fused = [s for s in steps if isinstance(s, TreeStep) and s.fuse]
+    prepares = [s for s in steps if isinstance(s, PrepareStep)]
+    depths = [1, 2] if head_type == "medusa" else [2]
+    if shared:
+        assert [s.prepare_depth for s in fused] == depths and prepares == []
+        assert latency.prepare_ms_by_depth == (0.0, 0.0) and latency.prepare_ms == 0
+        assert latency.fused_empty_ms == latency.fused_empty_ms_by_depth[-1] > 0
+    else:
+        assert fused == [] and [s.max_depth for s in prepares] == depths
+        assert latency.fused_empty_ms is None and latency.prepare_ms > 0
+    assert len(steps) == len(trees) + 1 + len(depths)
+    for step in steps:  # the steps decoding would run: the engine's cached objects
+        if isinstance(step, TreeStep) and step.plan.num_nodes and not step.fuse:
+            tree = next(t for t in engine._steps if engine._steps[t] is step)[0]
+            assert engine.tree_step(tree, base_entropy=True) is step
+
+
+def _fresh_outcome(model, heads, prompt, tree, *, topk, capacity):
+    """A tree's base-entropy step on a new engine right after prefilling ``prompt``."""
+    from entmtp.runtime._decode import SpeculativeDecoder
+
+    engine = SpeculativeDecoder(model, heads, topk=topk).static_engine
+    with torch.inference_mode():
+        engine.reserve(capacity)
+        engine.prefill(prompt)
+        step = engine.tree_step(tree, base_entropy=True)
+        engine.run(step, len(prompt))
+        return step.out_ints.tolist(), step.out_floats.tolist()
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, monkeypatch,
+                                                                            graphs):
+    """Every timed step leaves the engine's state buffers and cache as it found them, and a
+    tree's outputs at each context equal those of a fresh engine prefilled with that context,
+    round after round: the contexts share one cache without seeing each other's steps. With
+    graphs (capture emulated on the CPU) every step is captured once, before any is timed."""
+    from entmtp.runtime import _latency_profile
+    from entmtp.runtime._static_step import StaticEngine
+
+    captured, timing = [], []
+    if graphs:
+        original_init = StaticEngine.__init__
+
+        def graph_engine(engine, *args, **kwargs):
+            original_init(engine, *args, **{**kwargs, "window": "full"})
+            engine.graphs = True  # as on CUDA
+
+        class Replay:
+            def __init__(self, step):
+                self.step = step
+
+            def replay(self):
+                self.step.body(None)
+
+        def capture(engine, step):
+            assert not timing, "a step was captured while timing"
+            captured.append(step)
+            return Replay(step)
+
+        monkeypatch.setattr(StaticEngine, "__init__", graph_engine)
+        monkeypatch.setattr(StaticEngine, "_capture", capture)
+
+    outputs: dict[tuple, list] = {}
+    original_time = _latency_profile._StaticSteps.time
+
+    measured_trees, timer_steps = [], []
+
+    def checked_time(timer, key):
+        measured_trees[:] = timer.trees
+        steps = timer.steps
+        timer_steps[:] = [steps]
+        engine = steps.engine
+        cache = engine.cache.clone()
+        timing.append(key)
+        elapsed = original_time(steps, key)
+        assert torch.equal(engine.cache, cache)
+        assert all(torch.equal(a, b) for a, b in zip(engine.state_tensors(),
+                                                     steps.states[key[2]], strict=True))
+        step = steps.step(key)
+        if key[0] == "tree":
+            outputs.setdefault(key, []).append((step.out_ints.tolist(), step.out_floats.tolist()))
+        return elapsed
+
+    monkeypatch.setattr(_latency_profile._StepTimer, "time",
+                        lambda timer, key: checked_time(timer, key))
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="hydra", num_heads=2, seed=0)
+    contexts, seed, topk = (8, 16), 3, 3
+    latency = profile_latency(model, heads, node_counts=(0, 2, 5), depths=(2,),
+                              context_lengths=contexts, repeats=2, warmup=1, topk=topk,
+                              remeasure=0, seed=seed)
+    assert latency.hardware["graphs"] is graphs
+    if graphs:
+        timed = {id(timer_steps[0].step(key)) for key in timing}
+        assert len(captured) == len({id(s) for s in captured})  # each step once
+        assert timed <= {id(s) for s in captured} and len(timed) == 3 + 1 + 1
+    timing.clear()  # the reference engines below capture as they go
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(0, vocab, (max(contexts),),
+                           generator=torch.Generator().manual_seed(seed))
+    trees = {}
+    for (_, index, length), seen in outputs.items():
+        for ints, floats in seen:  # the same step from the same state, round after round
+            assert ints == seen[0][0] and floats == pytest.approx(seen[0][1], nan_ok=True)
+        tree = trees[index] = measured_trees[index]
+        want = _fresh_outcome(model, heads, prompt[:length], tree, topk=topk,
+                              capacity=latency.hardware["cache_capacity"])
+        assert seen[0][0] == want[0]
+        # the prefill of a longer prompt rounds its first tokens' keys a little differently
+        assert seen[0][1] == pytest.approx(want[1], rel=1e-4, nan_ok=True)
+    assert len(trees) == 3
+
+
+def test_a_model_the_static_engine_cannot_run_is_profiled_on_the_eager_steps(rt):
+    """auto falls back to the eager runtime exactly where greedy decoding does, and says why."""
+    model = rt.sharp_llama(6)
+    model.model.rotary_emb.rope_type = "dynamic"  # inv_freq would change with the length
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
+    latency = profile_latency(model, heads, node_counts=(0, 2), depths=(2,),
+                              context_lengths=(8,), repeats=1, warmup=0, topk=3, remeasure=0)
+    hardware = latency.hardware
+    assert hardware["engine"] == "eager" and hardware["graphs"] is False
+    assert "eager runtime" in hardware["runtime_note"] and "dynamic" in hardware["runtime_note"]
+    assert latency.prepare_ms > 0  # the eager runtime prepares before a draft-entropy choice
+    with pytest.raises(EntmtpError, match="engine='static'"):
+        profile_latency(model, heads, node_counts=(0,), context_lengths=(8,), engine="static")

@@ -280,3 +280,117 @@ def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, engin
         else:  # Hydra never fuses: its heads run through calibrate's own projections
             assert calls == []
     assert runs > 0 and after_drafted > 0 and drafted_after > 0  # every case was exercised
+
+
+class _CostClock:
+    """A clock that moves only when a static step runs, by the cost ``cost(step)`` says: the
+    profiler and live decoding then read the same step times, without timing anything."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.ms = 0.0
+
+    def now(self) -> float:
+        return self.ms
+
+
+def _step_cost(head_type: str):
+    """ms of a static step, built from its work: the forward (10 + 1 per node), 0.5 per level of
+    bookkeeping, and the heads. Medusa: 0.3 + 0.2 per row projected (fused into the base
+    projection: 0.2 per row); Hydra: head 1 (0.3, the preparation) plus 0.4 per deeper level.
+    Drafting from prepared heads skips their first results. Entropies cost nothing here (the
+    profiler's documented approximation prices the drafted steps of draft-entropy schedules, and
+    static trees, at base-entropy steps: exact only when those are free and, for Medusa, when
+    every drafted tree has the schedule's depth)."""
+    from entmtp.runtime._static_step import PrepareStep
+
+    def heads(depth: int) -> float:  # the heads' first results for trees of depth <= depth
+        return 0.3 + 0.2 * depth if head_type == "medusa" else 0.3
+
+    def deeper(depth: int) -> float:  # Hydra's levels after the first
+        return 0.4 * max(depth - 1, 0) if head_type == "hydra" else 0.0
+
+    def cost(step) -> float:
+        if isinstance(step, PrepareStep):
+            return heads(step.max_depth)
+        plan = step.plan
+        ms = 10.0 + plan.num_nodes + 0.5 * plan.depth + deeper(plan.depth)
+        if plan.depth and not step.prepare_depth:
+            ms += heads(plan.depth)  # drafts from scratch
+        if step.fuse:
+            ms += 0.2 * step.prepare_depth  # the heads' rows in the base projection
+        elif step.prepare_depth:
+            ms += heads(step.prepare_depth)  # prepares the next state at its end
+        return ms
+
+    return cost
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
+                                                   ("hydra", DRAFT_ENTROPY),
+                                                   ("medusa", "base"), ("hydra", "static")])
+def test_the_profiled_latency_prices_every_static_engine_step_as_the_replay_books_it(
+        rt, monkeypatch, head_type, signal):
+    """The profiler times the static engine's steps and the replay charges them: with a clock
+    that moves by each step's cost (the same for the profiler and live decoding), every live
+    step's time equals the replay's modelled time of that step under the profiled latency
+    model, for draft-entropy schedules with the empty tree (Medusa: fused; Hydra: prepared at the
+    step's end), a base-entropy schedule and a static tree; autoregressive decoding equals the
+    model's autoregressive_ms per token."""
+    import types
+
+    import entmtp.runtime._static_step as static_step
+    from entmtp.runtime._latency_profile import profile_latency
+
+    clock = _CostClock(_step_cost(head_type))
+    for cls in (static_step.TreeStep, static_step.PrepareStep):
+        original = cls.body
+
+        def body(step, past_len, original=original):
+            clock.ms += clock.cost(step)
+            original(step, past_len)
+
+        monkeypatch.setattr(cls, "body", body)
+    monkeypatch.setattr(static_step, "time",
+                        types.SimpleNamespace(perf_counter=lambda: clock.ms / 1000.0))
+
+    base = _base(rt)
+    prompts = _prompts()
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    empty = Tree.from_paths([])
+    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [0, 0], [0, 0, 0]]), empty)
+    if signal == DRAFT_ENTROPY:
+        schedule = Schedule(trees, _thresholds(profile.draft_entropy()),
+                            EntropyEstimator.last(), DRAFT_ENTROPY)
+    elif signal == "base":
+        schedule = Schedule(trees, _thresholds(profile.entropy()), EntropyEstimator.last())
+    else:
+        schedule = trees[1]
+    latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
+                              context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
+                              trees=trees[:2], remeasure=0, clock=clock)
+    assert latency.hardware["engine"] == "static"
+    assert (latency.fused_empty_ms is not None) == (head_type == "medusa")
+    replayed = replay(profile, schedule, latency)
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
+    scheduler = StaticScheduler(schedule) if signal == "static" else BundleScheduler(schedule)
+    used = set()
+    for trace_index, trace in enumerate(profile.traces):
+        ids = base.encode_task_prompt(prompts[trace.prompt_index])
+        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
+                                eos_token_ids=base.eos_token_ids)
+        mine = replayed.step_trace == trace_index
+        assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
+        np.testing.assert_allclose([s.step_ms for s in live.step_log], replayed.step_ms[mine],
+                                   rtol=1e-9)
+        assert live.decode_ms == pytest.approx(replayed.traces[trace_index].time_ms, rel=1e-9)
+        used.update(s.tree_index for s in live.step_log)
+        plain = autoregressive_generate(base.model, ids, max_new_tokens=MAX_NEW,
+                                        eos_token_ids=base.eos_token_ids)
+        assert plain.decode_ms == pytest.approx(replayed.traces[trace_index].autoregressive_ms,
+                                                rel=1e-9)
+    if signal != "static":
+        assert used == {0, 1, 2}  # empty-tree steps after drafted and empty ones were priced

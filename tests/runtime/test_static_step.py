@@ -195,7 +195,7 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
     decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
     engine = decoder.static_engine
     engine.reserve(128)
-    engine.reserve_prepared(NUM_HEADS)
+    engine.reserve_prepared()
     engine.prefill(torch.tensor(PROMPTS[0]))
     steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
     steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),

@@ -251,6 +251,17 @@ def test_step_time_may_not_fall_as_the_tree_grows_beyond_noise():
     assert len(wide) == 1 and "1 -> 2 nodes" in wide[0].message
 
 
+def test_a_fall_below_a_quiet_smaller_tree_counts_behind_a_noisy_costlier_one():
+    """0 nodes 50 ms (quiet), 1 node 60 ms (very noisy), 2 nodes 45 ms (quiet): the fall from
+    0 to 2 nodes is beyond noise although the costliest knot, 1 node, is too noisy to show it."""
+    points = [_point("tree", 50.0, 0.01, nodes=0), _point("tree", 60.0, 400.0, nodes=1, depth=1),
+              _point("tree", 45.0, 0.01, nodes=2, depth=1), _point("autoregressive", 49.0, 0.01)]
+    model = LatencyModel((0, 1, 2), (50.0, 60.0, 45.0), autoregressive_ms=49.0,
+                         points=tuple(points), hardware={"kind": "measured"})
+    falls = [f for f in model.findings() if "falls as the tree grows" in f.message]
+    assert len(falls) == 1 and falls[0].nodes == (0, 2) and "0 -> 2 nodes" in falls[0].message
+
+
 def test_a_wide_spread_is_too_noisy_and_asks_for_everything_again():
     findings = _noisy_model(iqr=40.0).findings()
     assert findings[0].message.startswith("too noisy") and findings[0].everything
