@@ -352,3 +352,66 @@ def record_trajectories(
         if report is not None:
             report("forward", min(first + batch_size, len(order)), len(order))
     return [trajectory for trajectory in result if trajectory is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def answer_end_id(base: Any) -> int | None:
+    """The token that ends an answer: the chat end token of an instruct model, else EOS."""
+    from ._model import CHAT_END_TOKENS
+
+    tokenizer = base.tokenizer
+    vocab = tokenizer.get_vocab()
+    if getattr(base, "is_instruct", False):
+        for token in CHAT_END_TOKENS:
+            if token in vocab:
+                return int(vocab[token])
+    return tokenizer.eos_token_id
+
+
+def encode_item(base: Any, prompt: str, answer: str | None, source: str, *,
+                max_answer_tokens: int) -> DataItem:
+    """A DataItem of text: the prompt as the model sees it (chat template for instruct models),
+    the answer's tokens (cut to ``max_answer_tokens``) then the answer end token."""
+    prompt_ids = list(base.encode_prompt(prompt))
+    if answer is None:
+        return DataItem(source, prompt_ids)
+    answer_ids = list(base.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    end = answer_end_id(base)
+    if end is not None:
+        answer_ids.append(int(end))
+    return DataItem(source, prompt_ids, answer_ids[:max_answer_tokens])
+
+
+def read_jsonl_items(path: str | os.PathLike) -> list[tuple[str, str | None, str]]:
+    """(prompt, answer or None, source) of each line of a JSONL file: ``prompt`` required,
+    ``answer`` (teacher-forced when present) and ``source`` (default: the file's stem)."""
+    import gzip
+
+    file = Path(path)
+    opener = gzip.open if file.suffix == ".gz" else open
+    rows: list[tuple[str, str | None, str]] = []
+    default_source = file.name.split(".")[0]
+    try:
+        with opener(file, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise EntmtpError(f"{file} line {number} is not JSON: fix or drop it") from None
+                prompt = row.get("prompt") if isinstance(row, dict) else None
+                answer = row.get("answer") if isinstance(row, dict) else None
+                if not isinstance(prompt, str) or not prompt.strip() or not (
+                        answer is None or isinstance(answer, str)):
+                    raise EntmtpError(f"{file} line {number} needs a non-empty string 'prompt' "
+                                      "(and 'answer', if any, a string)")
+                rows.append((prompt, answer, str(row.get("source") or default_source)))
+    except OSError as err:
+        raise EntmtpError(f"cannot read {file}: {err.strerror or err}") from err
+    if not rows:
+        raise EntmtpError(f"{file} has no prompts")
+    return rows
