@@ -184,12 +184,19 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     for pool in pools.values():
         rng.shuffle(pool)
     log("prompt pools: " + ", ".join(f"{k} {len(v)}" for k, v in pools.items()))
-    per_category = args.train_prompts // len(pools)
-    mixed: list[tuple[str, str]] = []
-    for i in range(per_category):
+    return interleave(pools, args.train_prompts)
+
+
+def interleave(pools: dict, total: int) -> list:
+    """[(category, *item)] round-robin over the pools until ``total`` items or all run out: an
+    even mix while every pool lasts, then the larger pools fill the rest."""
+    mixed: list = []
+    longest = max((len(pool) for pool in pools.values()), default=0)
+    for i in range(longest):
         for name, pool in pools.items():
-            if i < len(pool):
-                mixed.append((name, pool[i]))
+            if i < len(pool) and len(mixed) < total:
+                item = pool[i]
+                mixed.append((name, *(item if isinstance(item, tuple) else (item,))))
     return mixed
 
 
@@ -209,13 +216,7 @@ def text_pairs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     pools = {"math": math, "code": code, "chat": chat}
     for pool in pools.values():
         rng.shuffle(pool)
-    per_category = args.text_examples // len(pools)
-    mixed = []
-    for i in range(per_category):
-        for name, pool in pools.items():
-            if i < len(pool):
-                mixed.append((name, *pool[i]))
-    return mixed
+    return interleave(pools, args.text_examples)
 
 
 def answer_trajectories(base, pairs, args) -> list:
@@ -363,6 +364,27 @@ def describe(trajectories) -> dict:
     }
 
 
+def write_jsonl(args: argparse.Namespace) -> int:
+    """The training mix as `entmtp heads data --data` reads it: "prompt" and "source", plus
+    "answer" on the teacher-forced lines (source "<category>-answer")."""
+    import gzip
+
+    rows = [{"prompt": text, "source": name} for name, text in training_prompts(args)]
+    rows += [{"prompt": prompt, "answer": answer, "source": f"{name}-answer"}
+             for name, prompt, answer in (text_pairs(args) if args.text_examples else [])]
+    path = Path(args.write_jsonl)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    tmp.replace(path)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["source"]] = counts.get(row["source"], 0) + 1
+    log(f"wrote {path} ({path.stat().st_size} bytes): {counts}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="/tmp/entmtp-heads")
@@ -396,7 +418,13 @@ def main() -> int:
                         help="also train on the self-distilled data alone (how much the "
                              "teacher-forced data adds)")
     parser.add_argument("--stop-after", choices=["data", "all"], default="all")
+    parser.add_argument("--write-jsonl", metavar="FILE.jsonl.gz",
+                        help="only write the training mix (--train-prompts prompts to "
+                             "self-distill, --text-examples prompt+answer pairs) as JSONL for "
+                             "`entmtp heads data --data`, and stop (no model is loaded)")
     args = parser.parse_args()
+    if args.write_jsonl:
+        return write_jsonl(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     work = Path(args.work)

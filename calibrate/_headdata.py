@@ -290,16 +290,21 @@ def _read_index(folder: Path) -> dict[str, Any]:
     return index
 
 
-def read_head_data(path: str | os.PathLike, base: Any | None = None) -> HeadData:
-    """All records of a finished data folder; with ``base``, refuse another model's data."""
+def read_head_data(path: str | os.PathLike, base: Any | None = None, *,
+                   allow_unfinished: bool = False) -> HeadData:
+    """All records of a finished data folder (or, with ``allow_unfinished``, of the finished
+    shards of a stopped run); with ``base``, refuse another model's data."""
     folder = Path(path)
     index = _read_index(folder)
     if base is not None:
         check_fingerprint(index["model"], base, folder)
-    if not index.get("complete"):
+    if not index["shards"]:
+        raise EntmtpError(f"{folder} has no finished shard yet: run `entmtp heads data` longer")
+    if not index.get("complete") and not allow_unfinished:
         raise EntmtpError(f"{folder} is unfinished ({len(index['shards'])} of "
                           f"{index['num_shards']} shards): rerun the same `entmtp heads data` "
-                          "command to finish it")
+                          "command to finish it, or train on what is there with "
+                          "--allow-unfinished")
     from safetensors import safe_open
 
     sources = index["sources"]

@@ -92,6 +92,8 @@ def train(
     from_data: Path | None = typer.Option(None, "--from-data", help="Train on a folder made by "
                                           "`entmtp heads data` (for this model) instead of "
                                           "generating: --task/--data/--mode are then unused."),
+    allow_unfinished: bool = typer.Option(False, "--allow-unfinished", help="With --from-data: "
+                                          "train on the finished shards of a stopped run."),
     split: str = typer.Option("calibration", "--split", help="calibration, heldout or all; "
                               "keep heldout unseen for `entmtp validate`."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts per task."),
@@ -156,7 +158,7 @@ def train(
         if from_data is not None:
             from entmtp.calibrate._headdata import read_head_data, record_trajectories
 
-            head_data = read_head_data(from_data, base)
+            head_data = read_head_data(from_data, base, allow_unfinished=allow_unfinished)
             trajectories = record_trajectories(base, head_data.records,
                                                batch_size=forward_batch, progress=progress)
             report = train_on_trajectories(
@@ -166,6 +168,7 @@ def train(
             )
             index = head_data.index
             source = {"head_data": {"plan_sha256": index["plan_sha256"],
+                                    "shards": f"{len(index['shards'])} of {index['num_shards']}",
                                     "sources": index["sources"],
                                     "records": sum(s["records"] for s in index["shards"]),
                                     "tokens": sum(s["tokens"] for s in index["shards"])}}

@@ -122,6 +122,8 @@ def test_resume_after_a_killed_shard(base, tmp_path, monkeypatch):
         write_head_data(base, folder, given, max_new_tokens=5, shard_size=3)
     with pytest.raises(EntmtpError, match="unfinished"):
         read_head_data(folder, base)
+    partial = read_head_data(folder, base, allow_unfinished=True)
+    assert len(partial.records) == 6 and not partial.index["complete"]
     calls.clear()
     monkeypatch.setattr(_headdata, "make_records", real)
     counted = []
