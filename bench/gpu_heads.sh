@@ -2,7 +2,8 @@
 # Heads for the default model trained on a GPU, in one prepared script (issue 24): generate
 # self-distilled greedy data (`entmtp heads data`), train Medusa and Hydra heads on it
 # (`entmtp heads train --from-data`, full-vocabulary loss, both at once) and bring the heads back
-# in fp16, with held-out trajectories of the four tasks for the comparison tables.
+# in fp16, with held-out trajectories of the four tasks and the held-out accuracy of the shipped
+# and the new heads on them (`entmtp heads eval`), side by side.
 #
 # The 98 MB GGUF travels in three device calls exactly as in bench/gpu_check.sh (whose
 # functions this script sources: python_for_entmtp, receive, join_model):
@@ -107,6 +108,15 @@ PYTHON
     done
     for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a training failed (logs in results)" >&2; }; done
     tail -n 15 "$results"/train-*.log
+    # held-out accuracy per task, the shipped heads beside the new ones, on the same trajectories
+    for type in $HEAD_TYPES; do
+        [[ -f $results/eval-data/index.json && -d $results/heads/smollm2-135m-$type ]] || continue
+        timeout 90 "${ENTMTP[@]}" heads eval --from-data "$results/eval-data" \
+            --heads "trees/heads/smollm2-135m-$type" --heads "$results/heads/smollm2-135m-$type" \
+            --device "$DEVICE" --dtype "$DTYPE" --json "$results/eval-$type.json" \
+            > "$results/eval-$type.log" 2>&1 || { status=1; echo "eval $type failed" >&2; }
+        tail -n 20 "$results/eval-$type.log"
+    done
     mkdir -p "$out"
     tar -czf "$out/gpu-heads.tgz" -C "$(dirname "$results")" "$(basename "$results")"
     if (( $(stat -c %s "$out/gpu-heads.tgz") > 16777216 )); then

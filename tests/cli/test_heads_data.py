@@ -98,3 +98,30 @@ def test_other_models_data_and_bad_input_are_one_line_errors(tiny_model_dir, tmp
     one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
                            "--from-data", folder, "--loss", "topk", "--out", tmp_path / "h"]),
                    "--loss")
+
+
+def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa_dir,
+                                                     tiny_hydra_dir, tmp_path):
+    from entmtp.calibrate._headdata import read_head_data, record_trajectories
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+    from entmtp.calibrate._train import head_accuracy
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 5, "--out", folder]).exit_code == 0
+    report = tmp_path / "eval.json"
+    result = invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", folder,
+                     "--heads", tiny_medusa_dir, "--heads", tiny_hydra_dir, "--json", report])
+    assert result.exit_code == 0, result.output
+    stored = json.loads(report.read_text())["heads"]
+    base = load_base_model(tiny_model_dir)
+    trajectories = record_trajectories(base, read_head_data(folder, base).records)
+    for path in (tiny_medusa_dir, tiny_hydra_dir):
+        heads = load_heads(path, base.model)
+        rows_by_source = stored[str(path)]
+        assert set(rows_by_source) == {"code", "lit", "gsm8k", "mix", "chat", "all"}
+        expected = head_accuracy(heads, [t for t in trajectories if t.source == "gsm8k"])
+        assert rows_by_source["gsm8k"] == [vars(a) for a in expected]
+        assert rows_by_source["all"] == [vars(a) for a in head_accuracy(heads, trajectories)]
