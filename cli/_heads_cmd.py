@@ -321,10 +321,18 @@ def eval_command(
         rows = {source: head_accuracy(draft, [t for t in trajectories if t.source == source])
                 for source in sources}
         rows["all"] = head_accuracy(draft, trajectories)
-        results[path] = {name: [vars(a) for a in accs] for name, accs in rows.items()}
+        results[path] = {name: [_accuracy_record(a) for a in accs] for name, accs in rows.items()}
         console.print(f"{path} ({draft.head_type}, sha256 {draft.sha256()[:12]})")
         console.print(markdown_table(rows), markup=False, highlight=False)
     if json_out is not None:
         atomic_write_json(json_out, {"data": str(from_data),
                                      "plan_sha256": data.index["plan_sha256"],
                                      "heads": results})
+
+
+def _accuracy_record(accuracy: Any) -> dict[str, Any]:
+    """An accuracy as JSON: null top-1 / top-5 for a head with no position to score."""
+    record = dict(vars(accuracy))
+    if not accuracy.positions:
+        record.update(top1=None, top5=None)
+    return record

@@ -125,3 +125,12 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
         expected = head_accuracy(heads, [t for t in trajectories if t.source == "gsm8k"])
         assert rows_by_source["gsm8k"] == [vars(a) for a in expected]
         assert rows_by_source["all"] == [vars(a) for a in head_accuracy(heads, trajectories)]
+    # one new token: deeper heads have nothing to score on the self-distilled sources
+    short = tmp_path / "short"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 1, "--out", short]).exit_code == 0
+    result = invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", short,
+                     "--heads", tiny_medusa_dir, "--json", report])
+    assert result.exit_code == 0, result.output
+    code = json.loads(report.read_text())["heads"][str(tiny_medusa_dir)]["code"]
+    assert code[0]["positions"] == 0 and code[0]["top1"] is None
