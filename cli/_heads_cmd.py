@@ -323,7 +323,7 @@ def eval_command(
         rows["all"] = head_accuracy(draft, trajectories)
         results[path] = {name: [_accuracy_record(a) for a in accs] for name, accs in rows.items()}
         console.print(f"{path} ({draft.head_type}, sha256 {draft.sha256()[:12]})")
-        console.print(markdown_table(rows), markup=False, highlight=False)
+        typer.echo(markdown_table(rows))  # plain: a terminal-wide rich print would wrap it
     if json_out is not None:
         atomic_write_json(json_out, {"data": str(from_data),
                                      "plan_sha256": data.index["plan_sha256"],
