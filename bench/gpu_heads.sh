@@ -24,11 +24,12 @@
 #   MAX_NEW_TOKENS=448 new tokens is ~20 MB, so GEN_BATCH=2048 rows hold ~40 GB of cache: fits
 #   the 139 GB with room for the prefill activations. A decode step of a 135M model at this
 #   batch is launch- and cache-bound (tens of ms), so one batch is ~448 steps, ~20-30 s.
-# - The mix has ~16k prompts (all of GSM8K train, stdlib functions, non-task ShareGPT turns and
-#   the lit templates): at most 16k x 448 = 7.2M self-distilled tokens; GSM8K answers end early
-#   (EOS), chat and stories mostly run to the cap, so ~5M are expected. The run prints the count
-#   it got and PASS/MISS against 5M. GEN_SECONDS bounds generation; training then uses the
-#   finished shards (--allow-unfinished), so a slow GPU still brings heads back.
+# - The mix has ~32k prompts (all of GSM8K train, stdlib functions, non-task ShareGPT first
+#   turns, 15.9k later ShareGPT turns of non-task conversations, the lit templates), interleaved
+#   so that any prefix is a balanced mix: at most 32k x 448 = 14M self-distilled tokens; GSM8K
+#   answers end early (EOS), chat and stories mostly run to the cap; 16 batches of ~448 steps.
+#   GEN_SECONDS bounds generation; training then uses the finished shards (--allow-unfinished),
+#   so a slower GPU still brings heads back; the run prints the count and PASS/MISS against 5M.
 # - Training, full vocabulary: per position and head 576 x 49152 x 2 x 3 FLOPs (forward +
 #   backward) = 0.17 GFLOP, x 4 heads x ~6M positions (self-distilled + teacher-forced) = 4 PFLOP
 #   an epoch: ~1-2 min at the tens of TFLOP/s fp32/TF32 matmuls reach; logits of a 4096-position
@@ -50,7 +51,7 @@ phase=${1:-run}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 MIX_PROMPTS=${MIX_PROMPTS:-100000}       # self-distilled prompts in the mix (all the pools hold)
-MIX_TEXTS=${MIX_TEXTS:-12000}            # prompt + answer pairs (teacher-forced); 20000 overfills call 3
+MIX_TEXTS=${MIX_TEXTS:-9000}             # prompt + answer pairs (teacher-forced); more overfill call 3
 MAX_PROMPT_CHARS=${MAX_PROMPT_CHARS:-2000}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-448}
 MAX_ANSWER_TOKENS=${MAX_ANSWER_TOKENS:-448}
@@ -71,7 +72,7 @@ TASKS=${TASKS:-code math chat lit}
 write_mix() {
     python_for_entmtp
     "$PY" bench/train_heads.py --write-jsonl "$1" --train-prompts "$MIX_PROMPTS" \
-        --text-examples "$MIX_TEXTS" --max-prompt-chars "$MAX_PROMPT_CHARS"
+        --text-examples "$MIX_TEXTS" --max-prompt-chars "$MAX_PROMPT_CHARS" --later-turns
 }
 
 check_size() {
