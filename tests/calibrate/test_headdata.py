@@ -1,0 +1,197 @@
+"""Head-training data on disk: round trip, resume after a killed shard, refusal of another
+model's data, batched generation against plain greedy, and cached data training the same heads
+as in-memory data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from entmtp.calibrate._headdata import (
+    INDEX_NAME,
+    DataItem,
+    make_records,
+    read_head_data,
+    record_trajectories,
+    write_head_data,
+)
+from entmtp.calibrate._heads import new_heads
+from entmtp.calibrate._train import fit_heads
+from entmtp.treesearch._errors import EntmtpError
+from support import make_tiny_llama
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def base():
+    # larger weights keep greedy decoding of a random model from repeating one token
+    model = make_tiny_llama(seed=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(8.0)
+    return model
+
+
+def items(count: int, seed: int) -> list[DataItem]:
+    """Mixed self-distilled and teacher-forced items from three sources."""
+    generator = torch.Generator().manual_seed(seed)
+    result = []
+    for index in range(count):
+        length = int(torch.randint(2, 9, (1,), generator=generator))
+        prompt = torch.randint(3, VOCAB, (length,), generator=generator).tolist()
+        answer = None
+        if index % 3 == 2:
+            answer = torch.randint(3, VOCAB, (int(length) + 2,), generator=generator).tolist()
+        result.append(DataItem(("math", "chat", "code")[index % 3], prompt, answer))
+    return result
+
+
+@torch.inference_mode()
+def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Reference: one full forward without cache per token, batch of one."""
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(token)
+        if token in eos:
+            break
+    return ids
+
+
+def test_batched_records_equal_plain_greedy_token_for_token(base):
+    given = items(9, seed=1)
+    batched = make_records(base, given, max_new_tokens=7, generation_batch_size=4)
+    single = make_records(base, given, max_new_tokens=7, generation_batch_size=1)
+    assert len(batched) == len(given)
+    for item, record, alone in zip(given, batched, single, strict=True):
+        assert torch.equal(record.tokens, alone.tokens)
+        assert record.start == len(item.prompt_ids) - 1 and record.source == item.source
+        if item.answer_ids is None:
+            assert record.tokens.tolist() == plain_greedy(base, item.prompt_ids, 7, {2})
+        else:
+            assert record.tokens.tolist() == item.prompt_ids + item.answer_ids
+
+
+def test_data_round_trip_is_exact(base, tmp_path):
+    given = items(11, seed=2)
+    index = write_head_data(base, tmp_path / "d", given, max_new_tokens=6,
+                            generation_batch_size=4, shard_size=4)
+    expected = make_records(base, given, max_new_tokens=6, generation_batch_size=4)
+    data = read_head_data(tmp_path / "d", base)
+    assert index["complete"] and index["num_shards"] == 3 and len(index["shards"]) == 3
+    assert len(data.records) == len(expected)
+    for got, want in zip(data.records, expected, strict=True):
+        assert torch.equal(got.tokens, want.tokens)
+        assert (got.start, got.source) == (want.start, want.source)
+    assert sum(s["records"] for s in index["shards"]) == len(given)
+    assert sum(s["tokens"] for s in index["shards"]) == sum(len(r.tokens) for r in expected)
+    by_source: dict[str, int] = {}
+    for record in expected:
+        by_source[record.source] = by_source.get(record.source, 0) + record.trained_positions
+    totals: dict[str, int] = {}
+    for shard in index["shards"]:
+        for source, count in shard["positions_by_source"].items():
+            totals[source] = totals.get(source, 0) + count
+    assert totals == by_source and index["sources"] == ["chat", "code", "math"]
+    stored = json.loads((tmp_path / "d" / INDEX_NAME).read_text())
+    assert stored == index
+
+
+def test_resume_after_a_killed_shard(base, tmp_path, monkeypatch):
+    from entmtp.calibrate import _headdata
+
+    given = items(10, seed=4)
+    folder = tmp_path / "d"
+    calls = []
+    real = _headdata.make_records
+
+    def dies_on_third_shard(*args, **kwargs):
+        calls.append(len(args[1]))
+        if len(calls) == 3:
+            # a partial shard left behind by the killed run, and no index entry for it
+            (folder / "shard-00002.safetensors").write_bytes(b"partial")
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_headdata, "make_records", dies_on_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        write_head_data(base, folder, given, max_new_tokens=5, shard_size=3)
+    with pytest.raises(EntmtpError, match="unfinished"):
+        read_head_data(folder, base)
+    partial = read_head_data(folder, base, allow_unfinished=True)
+    assert len(partial.records) == 6 and not partial.index["complete"]
+    calls.clear()
+    monkeypatch.setattr(_headdata, "make_records", real)
+    counted = []
+    monkeypatch.setattr(_headdata, "make_records",
+                        lambda *a, **k: counted.append(len(a[1])) or real(*a, **k))
+    write_head_data(base, folder, given, max_new_tokens=5, shard_size=3)
+    assert counted == [3, 1]  # shards 2 and 3 only
+    monkeypatch.setattr(_headdata, "make_records", real)
+    write_head_data(base, tmp_path / "whole", given, max_new_tokens=5, shard_size=3)
+    resumed = read_head_data(folder, base).records
+    whole = read_head_data(tmp_path / "whole", base).records
+    assert [r.tokens.tolist() for r in resumed] == [r.tokens.tolist() for r in whole]
+    with pytest.raises(EntmtpError, match="other prompts or settings"):
+        write_head_data(base, folder, given, max_new_tokens=6, shard_size=3)
+
+
+def test_another_models_data_is_refused(base, tmp_path):
+    write_head_data(base, tmp_path / "d", items(4, seed=5), max_new_tokens=3)
+    same_shape = make_tiny_llama(seed=11)  # same architecture, other weights
+    wider = make_tiny_llama(seed=3, hidden_size=48)
+    for other in (same_shape, wider):
+        with pytest.raises(EntmtpError, match="made for model"):
+            read_head_data(tmp_path / "d", other)
+    # the same model in another dtype is the same model
+    read_head_data(tmp_path / "d", _scaled_bf16())
+
+
+def _scaled_bf16():
+    model = make_tiny_llama(seed=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(8.0)
+    return model.to(torch.bfloat16)
+
+
+def test_not_a_data_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(EntmtpError, match="no head-data folder"):
+        read_head_data(tmp_path)
+    (tmp_path / INDEX_NAME).write_text('{"format": "other"}')
+    with pytest.raises(EntmtpError, match="not an entmtp head-data index"):
+        read_head_data(tmp_path)
+
+
+def test_record_trajectories_are_the_trained_positions(base):
+    given = items(5, seed=6)
+    records = make_records(base, given, max_new_tokens=4, generation_batch_size=2)
+    trajectories = record_trajectories(base, records, batch_size=2)
+    for record, trajectory in zip(records, trajectories, strict=True):
+        assert torch.equal(trajectory.tokens, record.tokens[record.start + 1:])
+        with torch.inference_mode():
+            hidden = base.base_model(input_ids=record.tokens[None]).last_hidden_state[0]
+        torch.testing.assert_close(trajectory.hidden, hidden[record.start:-1],
+                                   atol=1e-5, rtol=1e-5)
+        assert trajectory.source == record.source
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_cached_data_trains_the_same_heads_as_in_memory_data(base, tmp_path, head_type):
+    given = items(12, seed=7)
+    write_head_data(base, tmp_path / "d", given, max_new_tokens=6, shard_size=5)
+    from_disk = record_trajectories(base, read_head_data(tmp_path / "d", base).records)
+    in_memory = record_trajectories(
+        base, make_records(base, given, max_new_tokens=6, generation_batch_size=64))
+    trained = []
+    for trajectories in (from_disk, in_memory):
+        heads = new_heads(base, head_type=head_type, num_heads=2, seed=1)
+        fit_heads(heads, trajectories, epochs=2, batch_size=8, seed=0, softmax_vocab="full")
+        trained.append(heads.state_dict())
+    for name, tensor in trained[0].items():
+        assert torch.equal(tensor, trained[1][name]), name

@@ -1,0 +1,136 @@
+"""`entmtp heads data` then `entmtp heads train --from-data` on a tiny random model folder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from entmtp.cli.app import app
+from support import make_tiny_model_dir
+
+runner = CliRunner()
+
+ROWS = [
+    {"prompt": "def add(a, b):", "source": "code"},
+    {"prompt": "Once upon a time", "source": "lit"},
+    {"prompt": "What is 2 + 3?", "answer": "2 + 3 = 5. The answer is 5.", "source": "gsm8k"},
+    {"prompt": "The quick brown fox"},
+    {"prompt": "Name a colour.", "answer": "Blue.", "source": "chat"},
+]
+
+
+def invoke(args: list) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def write_rows(path: Path) -> Path:
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in ROWS)
+    return path
+
+
+def one_line_error(result, needle: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    assert needle in lines[0], result.output
+
+
+def test_data_then_train_from_data(tiny_model_dir, tmp_path):
+    from entmtp.calibrate._headdata import read_head_data
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 6, "--max-answer-tokens", 8, "--generation-batch", 2,
+                   "--shard-size", 2, "--out", folder])
+    assert made.exit_code == 0, made.output
+    base = load_base_model(tiny_model_dir)
+    data = read_head_data(folder, base)
+    assert [r.source for r in data.records] == ["code", "lit", "gsm8k", "mix", "chat"]
+    assert data.index["num_shards"] == 3
+    answer = base.tokenizer("Blue.", add_special_tokens=False)["input_ids"]
+    chat = data.records[4]
+    prompt = base.encode_prompt("Name a colour.")
+    assert chat.tokens.tolist()[: len(prompt) + len(answer)] == prompt + answer
+    assert chat.start == len(prompt) - 1
+    again = invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                    "--max-new-tokens", 6, "--max-answer-tokens", 8, "--generation-batch", 2,
+                    "--shard-size", 2, "--out", folder])
+    assert again.exit_code == 0, again.output  # finished data: nothing to redo
+
+    for head_type in ("medusa", "hydra"):
+        out = tmp_path / head_type
+        trained = invoke(["heads", "train", "--type", head_type, "--model", tiny_model_dir,
+                          "--from-data", folder, "--num-heads", 2, "--epochs", 1,
+                          "--batch-size", 8, "--heldout-fraction", 0.2, "--out", out])
+        assert trained.exit_code == 0, trained.output
+        heads = load_heads(out, base.model)
+        training = json.loads((out / "config.json").read_text())["training"]
+        assert heads.head_type == head_type and training["softmax_vocab"] == "full"
+        assert training["head_data"]["records"] == 5 and training["heldout_trajectories"] == 1
+
+
+def test_other_models_data_and_bad_input_are_one_line_errors(tiny_model_dir, tmp_path):
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 3, "--out", folder])
+    assert made.exit_code == 0, made.output
+    other = make_tiny_model_dir(tmp_path / "other", seed=5)
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", other,
+                           "--from-data", folder, "--out", tmp_path / "h"]), "made for model")
+    assert not (tmp_path / "h").exists()
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                           "--from-data", tmp_path, "--out", tmp_path / "h"]),
+                   "no head-data folder")
+    one_line_error(invoke(["heads", "data", "--model", tiny_model_dir, "--out", folder]),
+                   "--task and/or --data")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"answer": "no prompt"}\n')
+    one_line_error(invoke(["heads", "data", "--model", tiny_model_dir, "--data", bad,
+                           "--out", tmp_path / "d2"]), "needs a non-empty string 'prompt'")
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                           "--from-data", folder, "--loss", "topk", "--out", tmp_path / "h"]),
+                   "--loss")
+
+
+def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa_dir,
+                                                     tiny_hydra_dir, tmp_path):
+    from entmtp.calibrate._headdata import read_head_data, record_trajectories
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+    from entmtp.calibrate._train import head_accuracy
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 5, "--out", folder]).exit_code == 0
+    report = tmp_path / "eval.json"
+    result = invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", folder,
+                     "--heads", tiny_medusa_dir, "--heads", tiny_hydra_dir, "--json", report])
+    assert result.exit_code == 0, result.output
+    stored = json.loads(report.read_text())["heads"]
+    base = load_base_model(tiny_model_dir)
+    trajectories = record_trajectories(base, read_head_data(folder, base).records)
+    for path in (tiny_medusa_dir, tiny_hydra_dir):
+        heads = load_heads(path, base.model)
+        rows_by_source = stored[str(path)]
+        assert set(rows_by_source) == {"code", "lit", "gsm8k", "mix", "chat", "all"}
+        expected = head_accuracy(heads, [t for t in trajectories if t.source == "gsm8k"])
+        assert rows_by_source["gsm8k"] == [vars(a) for a in expected]
+        assert rows_by_source["all"] == [vars(a) for a in head_accuracy(heads, trajectories)]
+    # one new token: deeper heads have nothing to score on the self-distilled sources
+    short = tmp_path / "short"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 1, "--out", short]).exit_code == 0
+    result = invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", short,
+                     "--heads", tiny_medusa_dir, "--json", report])
+    assert result.exit_code == 0, result.output
+    code = json.loads(report.read_text())["heads"][str(tiny_medusa_dir)]["code"]
+    assert code[0]["positions"] == 0 and code[0]["top1"] is None
