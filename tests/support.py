@@ -49,6 +49,19 @@ def make_tiny_llama(seed: int = 0, *, vocab_size: int = 128, hidden_size: int = 
     return model
 
 
+def make_varied_tiny_llama(seed: int = 3):
+    """``make_tiny_llama`` with its matrices scaled up 8x, so that greedy decoding of the random
+    model does not collapse into one repeated token and trajectories have some variety."""
+    import torch
+
+    model = make_tiny_llama(seed=seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.mul_(8.0)
+    return model
+
+
 def make_char_tokenizer(vocab_size: int = 128):
     """A character-level fast tokenizer (printable ASCII + specials), no files needed."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

@@ -20,20 +20,14 @@ from entmtp.calibrate._headdata import (
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import fit_heads
 from entmtp.treesearch._errors import EntmtpError
-from support import make_tiny_llama
+from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128
 
 
 @pytest.fixture(scope="module")
 def base():
-    # larger weights keep greedy decoding of a random model from repeating one token
-    model = make_tiny_llama(seed=3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 2:
-                parameter.mul_(8.0)
-    return model
+    return make_varied_tiny_llama(seed=3)
 
 
 def items(count: int, seed: int) -> list[DataItem]:

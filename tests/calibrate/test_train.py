@@ -22,21 +22,14 @@ from entmtp.calibrate._train import (
     train_heads,
 )
 from entmtp.treesearch._errors import EntmtpError
-from support import make_tiny_llama
+from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128
 
 
 @pytest.fixture(scope="module")
 def base():
-    # A larger init scale than the default keeps greedy decoding of a random model from
-    # collapsing into one repeated token, so the trajectories have some variety.
-    model = make_tiny_llama(seed=3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 2:
-                parameter.mul_(8.0)
-    return model
+    return make_varied_tiny_llama(seed=3)
 
 
 def random_prompts(count: int, seed: int) -> list[list[int]]:
