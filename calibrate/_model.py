@@ -138,6 +138,8 @@ def load_base_model(
     if spec is None:
         path = default_gguf_path()
         base = _load_gguf(path)
+        # Named by its package, not by this machine's path: profiles and heads record it.
+        base.source = f"{DEFAULT_MODEL_PACKAGE}:{path.name}"
     else:
         text = os.fspath(spec)
         path = Path(text).expanduser()

