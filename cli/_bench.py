@@ -62,7 +62,15 @@ from ._live import (
     tree_info,
     write_json,
 )
-from ._model_setup import ENGINE_OPTION, GRAPHS_OPTION, HEAD_TYPES, check_engine
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    ENGINE_OPTION,
+    GRAPHS_OPTION,
+    HEAD_TYPES,
+    check_device_and_dtype,
+    check_engine,
+)
 from ._paired import paired_ratio_interval
 from ._runs import command_line
 from .app import app
@@ -655,10 +663,8 @@ def bench(
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for the "
                                        "measurement (default: the count the bundles' latency "
                                        "models were measured with, else torch's default)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model "
-                               "decodes (a GPU-targeted bundle is measured on its GPU)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32 (weights and "
-                              "heads)."),
+    device: str = DEVICE_OPTION,
+    dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
@@ -672,6 +678,7 @@ def bench(
     console = Console()
     check_head_type(head_type)
     check_engine(engine)
+    check_device_and_dtype(device, dtype)
     check_max_new_tokens(max_new_tokens)
     bundles = read_bundles(bundle_sources or [])
     thread_count, thread_source = measurement_threads(bundles, threads)
