@@ -41,6 +41,7 @@ from torch import Tensor
 
 from entmtp.treesearch._atomic import atomic_write, atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json
 
 from ._heads import _unwrap_base
 from ._profiler import greedy_trajectories
@@ -275,14 +276,11 @@ def write_head_data(
 
 def _read_index(folder: Path) -> dict[str, Any]:
     path = folder / INDEX_NAME
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise EntmtpError(f"{folder} is no head-data folder (no {INDEX_NAME}): make one with "
-                          "`entmtp heads data`") from None
-    except (OSError, ValueError) as err:
-        raise EntmtpError(f"cannot read {path}: {err}") from err
-    if not isinstance(index, dict) or index.get("format") != DATA_FORMAT:
+                          "`entmtp heads data`")
+    index = read_json(path, source=f"head-data index {path}", fix="make the data again")
+    if index.get("format") != DATA_FORMAT:
         raise EntmtpError(f"{path} is not an entmtp head-data index")
     if index.get("format_version") != DATA_FORMAT_VERSION:
         raise EntmtpError(f"{path} has head-data version {index.get('format_version')}; this "
@@ -391,32 +389,30 @@ def encode_item(base: Any, prompt: str, answer: str | None, source: str, *,
 
 
 def read_jsonl_items(path: str | os.PathLike) -> list[tuple[str, str | None, str]]:
-    """(prompt, answer or None, source) of each line of a JSONL file: ``prompt`` required,
-    ``answer`` (teacher-forced when present) and ``source`` (default: the file's stem)."""
+    """(prompt, answer or None, source) of each line of a JSONL file (``.gz`` too): ``prompt``
+    required, ``answer`` (teacher-forced when present) and ``source`` (default: the file's
+    stem)."""
     import gzip
+    import zlib
 
     file = Path(path)
-    opener = gzip.open if file.suffix == ".gz" else open
-    rows: list[tuple[str, str | None, str]] = []
+    source = f"--data file {file}"
+    fix = "one JSON object with a 'prompt' string per line"
+    raw = read_bytes(file, source=source, fix=fix)
+    if file.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise EntmtpError(f"{source}: not a readable .gz file ({err}): {fix}") from err
     default_source = file.name.split(".")[0]
-    try:
-        with opener(file, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    raise EntmtpError(f"{file} line {number} is not JSON: fix or drop it") from None
-                prompt = row.get("prompt") if isinstance(row, dict) else None
-                answer = row.get("answer") if isinstance(row, dict) else None
-                if not isinstance(prompt, str) or not prompt.strip() or not (
-                        answer is None or isinstance(answer, str)):
-                    raise EntmtpError(f"{file} line {number} needs a non-empty string 'prompt' "
-                                      "(and 'answer', if any, a string)")
-                rows.append((prompt, answer, str(row.get("source") or default_source)))
-    except OSError as err:
-        raise EntmtpError(f"cannot read {file}: {err.strerror or err}") from err
+    rows: list[tuple[str, str | None, str]] = []
+    for number, row in parse_jsonl(raw, source=source, fix=fix):
+        prompt, answer = row.get("prompt"), row.get("answer")
+        if not isinstance(prompt, str) or not prompt.strip() or not (
+                answer is None or isinstance(answer, str)):
+            raise EntmtpError(f"{file} line {number} needs a non-empty string 'prompt' "
+                              "(and 'answer', if any, a string)")
+        rows.append((prompt, answer, str(row.get("source") or default_source)))
     if not rows:
         raise EntmtpError(f"{file} has no prompts")
     return rows

@@ -149,7 +149,14 @@ def read_jsonl(path: str | os.PathLike, *, source: str, fix: str = "",
                expect: type | tuple[type, ...] | None = dict,
                limit: int = MAX_FILE_BYTES) -> list[tuple[int, Any]]:
     """``(line number, value)`` for each non-blank line of a JSON Lines file."""
-    text = read_text(path, source=source, fix=fix, limit=limit)
+    return parse_jsonl(read_text(path, source=source, fix=fix, limit=limit), source=source,
+                       fix=fix, expect=expect)
+
+
+def parse_jsonl(text: str | bytes, *, source: str, fix: str = "",
+                expect: type | tuple[type, ...] | None = dict) -> list[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of JSON Lines text."""
+    text = decode_text(text, source=source, fix=fix)
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():

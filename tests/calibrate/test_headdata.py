@@ -142,16 +142,7 @@ def test_another_models_data_is_refused(base, tmp_path):
         with pytest.raises(EntmtpError, match="made for model"):
             read_head_data(tmp_path / "d", other)
     # the same model in another dtype is the same model
-    read_head_data(tmp_path / "d", _scaled_bf16())
-
-
-def _scaled_bf16():
-    model = make_tiny_llama(seed=3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 2:
-                parameter.mul_(8.0)
-    return model.to(torch.bfloat16)
+    read_head_data(tmp_path / "d", make_varied_tiny_llama(seed=3).to(torch.bfloat16))
 
 
 def test_not_a_data_folder_is_one_clear_error(tmp_path):
