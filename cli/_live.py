@@ -255,7 +255,7 @@ def speculative_method(name: str, decoder, scheduler, *, eos: Sequence[int],
 
 def autoregressive_method(model, *, eos: Sequence[int], engine: str = "auto",
                           graphs: bool = True) -> Method:
-    from entmtp.runtime._decode import autoregressive_generate
+    from entmtp.runtime._decode import autoregressive_generate, autoregressive_static_engine
 
     def run(ids: list[int], max_new_tokens: int):
         return autoregressive_generate(model, ids, max_new_tokens=max_new_tokens,
@@ -272,22 +272,13 @@ def autoregressive_method(model, *, eos: Sequence[int], engine: str = "auto",
     return Method("autoregressive", run, {}, ready)
 
 
-def autoregressive_static_engine(model, *, engine: str, graphs: bool):
-    """The static engine ``autoregressive_generate`` runs ``model`` on (None: eager)."""
-    from entmtp.runtime._decode import autoregressive_engine
-    from entmtp.runtime._static_model import static_support
-
-    if engine == "eager" or static_support(model) is not None:
-        return None
-    on_cuda = model.get_output_embeddings().weight.device.type == "cuda"
-    return autoregressive_engine(model, graphs=graphs and on_cuda)
-
-
 def runtime_report(decoders: Sequence[Any], model, *, engine: str, graphs: bool
                    ) -> dict[str, Any]:
     """The runtime the rows ran on: ``--engine`` / ``--graphs`` as given, the decoders' one-line
     note, and every CUDA graph capture (time, memory growth) of their static engines and of the
     autoregressive one."""
+    from entmtp.runtime._decode import autoregressive_static_engine
+
     notes = list(dict.fromkeys(d.runtime_note for d in decoders))
     engines = [("autoregressive", autoregressive_static_engine(model, engine=engine,
                                                                 graphs=graphs))]

@@ -533,6 +533,18 @@ def autoregressive_engine(
     return per_model[key]
 
 
+def autoregressive_static_engine(
+    model: torch.nn.Module, *, engine: str = "auto", graphs: bool = True,
+    window: str | None = None,
+) -> StaticEngine | None:
+    """The static engine ``autoregressive_generate`` runs ``model`` on with these options (graphs
+    on CUDA only); None when it runs eagerly."""
+    if _static_reason(model, engine) is not None:
+        return None
+    on_cuda = _model_dtype_device(model)[1].type == "cuda"
+    return autoregressive_engine(model, graphs=graphs and on_cuda, window=window)
+
+
 @torch.inference_mode()
 def autoregressive_generate(
     model: torch.nn.Module,
@@ -556,12 +568,10 @@ def autoregressive_generate(
     _, device = _model_dtype_device(model)
     eos = frozenset(int(t) for t in eos_token_ids)
     prompt = _as_prompt(input_ids, device)
-    reason = _static_reason(model, engine)
+    static = autoregressive_static_engine(model, engine=engine, graphs=graphs, window=window)
     if max_new_tokens == 0:
         return DecodeResult([], 0, [], 0.0, 0.0)
-    if reason is None:
-        static = autoregressive_engine(model, graphs=graphs and device.type == "cuda",
-                                       window=window)
+    if static is not None:
         return static_generate(static, prompt, StaticScheduler(_AR_EMPTY),
                                max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
