@@ -167,6 +167,7 @@ def _check_heads_fit(base: BaseModel, heads: Any) -> None:
 
 
 # -- step 1: greedy trajectories -------------------------------------------------------------
+@torch.inference_mode()
 def greedy_trajectories(
     model: Any,
     prompt_ids: Sequence[Sequence[int]],

@@ -276,3 +276,19 @@ def test_mismatched_heads_and_bad_options_raise():
         profile_prompts(base, StandInHeads("medusa", 2), PROMPTS, max_new_tokens=0)
     with pytest.raises(EntmtpError, match="twice"):
         profile_prompts(base, StandInHeads("medusa", 2), [PROMPTS[0], PROMPTS[0]])
+
+
+def test_generation_keeps_no_autograd_graph():
+    """Head-data generation calls this outside any no-grad block: with autograd on, every
+    step's activations would stay alive for the whole batch (gigabytes on the real model)."""
+    base = tiny_base(3)
+    seen: list[bool] = []
+    hook = base.model.register_forward_hook(
+        lambda module, args, output: seen.append(torch.is_grad_enabled()))
+    try:
+        assert torch.is_grad_enabled()
+        greedy_trajectories(base.model, [base.encode_prompt("no graph")], max_new_tokens=4,
+                            eos_token_ids=[])
+    finally:
+        hook.remove()
+    assert seen and not any(seen)
