@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,7 +47,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from entmtp.treesearch._atomic import (
+    _make_folder,
+    _remove_folders,
+    check_writable_target,
+    may_replace_read_only,
+)
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._readers import read_json
 
 from ._row_gemm import project_rows, use_few_row_kernel
 
@@ -462,12 +470,13 @@ def save_heads(
     """
     from safetensors.torch import save_file
 
-    target = Path(folder)
+    target = check_heads_target(folder)
     parent = target.parent if str(target.parent) else Path(".")
+    created = _make_folder(parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
     except OSError as err:
+        _remove_folders(created)
         raise EntmtpError(
             f"cannot write heads to {target}: {err.strerror}; choose a writable --out"
         ) from err
@@ -488,12 +497,52 @@ def save_heads(
         if extra:
             config["training"] = dict(extra)
         save_file(state, str(staging / HEADS_WEIGHTS), metadata={"format": HEADS_FORMAT})
-        (staging / HEADS_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        with open(staging / HEADS_CONFIG, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
         _set_default_permissions(staging)
         _swap_into_place(staging, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        _remove_folders(created)
+        if isinstance(err, OSError):
+            raise EntmtpError(f"cannot write heads to {target}: {err.strerror or err}: free some "
+                              "space or choose another --out") from err
         raise
+    return target
+
+
+def check_heads_target(folder: str | os.PathLike) -> Path:
+    """``folder`` if ``save_heads`` may write it: absent, or an entmtp heads folder (only
+    config.json and heads.safetensors) that is not read-only (``--force`` replaces that); a link,
+    a file, a device or a folder holding anything else is refused. Checked before training."""
+    target = Path(folder)
+    try:
+        info = target.lstat()
+    except FileNotFoundError:
+        check_writable_target(target)  # a parent that is a file
+        return target
+    except OSError as err:
+        raise EntmtpError(f"cannot write heads to {target}: {err.strerror}") from err
+    if stat.S_ISLNK(info.st_mode):
+        raise EntmtpError(f"cannot write heads to {target}: it is a symbolic link, and entmtp "
+                          "does not write through links: give the real path or remove the link")
+    if not stat.S_ISDIR(info.st_mode):
+        raise EntmtpError(f"cannot write heads to {target}: it exists and is not a folder: "
+                          "choose a new folder for --out")
+    others = sorted(p.name for p in target.iterdir() if p.name not in (HEADS_CONFIG,
+                                                                       HEADS_WEIGHTS))
+    if others:
+        raise EntmtpError(f"cannot write heads to {target}: it holds {others[0]!r}, not only "
+                          "entmtp heads, and writing replaces the whole folder: choose a new "
+                          "folder for --out")
+    if not may_replace_read_only() and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP
+                                                             | stat.S_IWOTH):
+        raise EntmtpError(f"cannot write heads to {target}: the folder is read-only: pass "
+                          "--force to replace it, or choose another --out")
+    for name in (HEADS_CONFIG, HEADS_WEIGHTS):
+        check_writable_target(target / name)
     return target
 
 
@@ -512,6 +561,9 @@ def _swap_into_place(staging: Path, target: Path) -> None:
         return
     if not target.is_dir():
         raise EntmtpError(f"{target} exists and is not a folder; choose another --out")
+    mode = target.stat().st_mode
+    if not mode & stat.S_IWUSR:  # a read-only folder (--force): a folder moves only if writable
+        os.chmod(target, mode | stat.S_IWUSR)
     retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
     os.replace(target, retired / target.name)
     os.replace(staging, target)
@@ -552,16 +604,12 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise EntmtpError(f"heads path {folder} is not a folder; pass the folder that holds "
                           "config.json and the head weights")
     config_path = folder / HEADS_CONFIG
-    if not config_path.is_file():
+    if not config_path.exists() and not config_path.is_symlink():
         raise EntmtpError(f"{folder} has no config.json; it is not an entmtp, Medusa or Hydra "
                           "heads folder")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as err:
-        raise EntmtpError(f"cannot read {config_path}: {err}") from err
-    if not isinstance(config, dict):
-        raise EntmtpError(f"{config_path} must hold a JSON object")
-    return config
+    return read_json(config_path, source=f"heads config {config_path}",
+                     fix="pass an entmtp, Medusa or Hydra heads folder (entmtp heads train "
+                     "writes one)")
 
 
 def _detect(folder: Path, config: Mapping[str, Any]) -> str:

@@ -66,6 +66,7 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
+    FORCE_OPTION,
     GRAPHS_OPTION,
     HEAD_TYPES,
     check_device_and_dtype,
@@ -669,6 +670,7 @@ def bench(
     graphs: bool = GRAPHS_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Measure autoregressive, static Medusa/Hydra trees and bundles side by side, live.
 

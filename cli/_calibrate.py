@@ -26,6 +26,7 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
+    FORCE_OPTION,
     GRAPHS_OPTION,
     check_device_and_dtype,
     check_engine,
@@ -195,6 +196,7 @@ def calibrate(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 

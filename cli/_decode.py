@@ -96,6 +96,7 @@ def decode(
     ids = base.encode_prompt(prompt)
     if not ids:
         raise EntmtpError("--prompt encodes to no tokens: give some text")
+    base.check_fits_context("given with --prompt", len(ids), max_new_tokens)  # as validate does
 
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler

@@ -10,6 +10,7 @@ from rich.console import Console
 from entmtp.treesearch import LatencyModel, Profile, SearchSettings, synthetic_profile
 
 from ._errors import user_errors
+from ._model_setup import FORCE_OPTION
 from ._runs import RunDir, search_stage
 from .app import app
 
@@ -23,6 +24,7 @@ def demo(
     seed: int = typer.Option(0, "--seed"),
     schedule_trials: int = typer.Option(100, "--schedule-trials"),
     latency: str = typer.Option("cpu", "--latency", help="Synthetic latency: cpu or gpu."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Search trees and an entropy schedule on a synthetic regime-switching profile.
 

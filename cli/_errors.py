@@ -19,12 +19,16 @@ def debug_enabled() -> bool:
 
 
 def user_errors(fn: F) -> F:
-    """Turn EntmtpError into ``entmtp: error: ...`` on stderr and exit code 2."""
+    """Turn EntmtpError into ``entmtp: error: ...`` on stderr and exit code 2; a command's
+    ``force`` parameter (``--force``) lets its writes replace read-only outputs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from entmtp.treesearch._atomic import replacing_read_only
+
         try:
-            return fn(*args, **kwargs)
+            with replacing_read_only(bool(kwargs.get("force", False))):
+                return fn(*args, **kwargs)
         except EntmtpError as err:
             if debug_enabled():
                 raise

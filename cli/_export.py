@@ -10,6 +10,7 @@ from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, LatencyModel, Profile
 from entmtp.treesearch._exports import export_bundle
 
 from ._errors import user_errors
+from ._model_setup import FORCE_OPTION
 from ._runs import RunDir
 from .app import app
 
@@ -61,6 +62,7 @@ def export_command(
         None, "--profile", help="The bundle's profile.npz (vllm-chain, --refit-ranks) when "
         "SOURCE is a bundle file; a run folder's own is used otherwise."
     ),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Write a bundle for the entmtp runtime, or one of its trees for Medusa / TensorRT-LLM / vLLM.
 

@@ -18,6 +18,7 @@ from ._errors import user_errors
 from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
+    FORCE_OPTION,
     HEAD_TYPES,
     check_device_and_dtype,
     load_base,
@@ -117,6 +118,7 @@ def train(
                                       "forward when reading --from-data."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Train draft heads on a frozen base model and write an entmtp heads folder.
 
@@ -145,6 +147,9 @@ def train(
         raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    from entmtp.calibrate._heads import check_heads_target
+
+    check_heads_target(out)  # before hours of training, not after
     if from_data is not None:
         from entmtp.calibrate._headdata import _read_index
 
@@ -233,6 +238,7 @@ def data_command(
     seed: int = typer.Option(0, "--seed"),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Make head-training data: self-distilled greedy trajectories and teacher-forced answers,
     stored as int32 token shards for `entmtp heads train --from-data` (another run, another
@@ -299,6 +305,7 @@ def eval_command(
     json_out: Path | None = typer.Option(None, "--json", help="Write the accuracies here."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Top-1 / top-5 accuracy of each head per data source (full vocabulary; Hydra with the
     true prefix), for heads side by side on the same trajectories.

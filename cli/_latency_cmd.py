@@ -29,6 +29,7 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
+    FORCE_OPTION,
     GRAPHS_OPTION,
     check_device,
     check_engine,
@@ -354,6 +355,7 @@ def latency(
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
     compare: list[Path] = typer.Option([], "--compare", help="Latency JSON to draw next to it "
                                        "(repeatable; default: a synthetic counterpart)."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Measure verification latency vs tree size on this machine's CPU or GPU.
 
@@ -406,6 +408,7 @@ def plot_latency(
     out: Path = typer.Option(..., "--out", help="PNG to write."),
     synthetic_gpu: bool = typer.Option(False, "--synthetic-gpu", help="Add the synthetic "
                                        "GPU-like model, labelled as not measured."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Draw several latency models (e.g. a CPU and a GPU one) in one figure."""
     models = {}
@@ -506,6 +509,7 @@ def retarget(
     max_nodes: int | None = typer.Option(
         None, "--max-nodes", help="Largest tree the search considers (default: the source run's "
         "setting; a GPU's flat latency curve pays for larger trees, e.g. 128)."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Re-search a calibration run for other hardware, reusing its profile (no model needed).
 

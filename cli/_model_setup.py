@@ -27,6 +27,10 @@ DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the
 DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the precision of the "
                             "model's weights (loaded heads follow it).")
 
+# --force of every command that writes an output file or folder, declared once; the commands'
+# user_errors wrapper hands it to the one writer (treesearch/_atomic.replacing_read_only).
+FORCE_OPTION = typer.Option(False, "--force", help="Replace output files that are read-only "
+                            "(they are refused without it).")
 
 # --engine and --graphs of every command that decodes or times steps (latency, bench, validate,
 # decode, calibrate's latency stage), declared once.

@@ -12,6 +12,7 @@ from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_b
 from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors
+from ._model_setup import FORCE_OPTION
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
 from ._runs import RunDir, load_acceptance, load_front, search_stage
 from .app import app
@@ -46,6 +47,7 @@ def pareto(
     schedule_trials: int = typer.Option(
         150, "--schedule-trials", help="Used only when the run has no front.json yet."
     ),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Print (and plot) the Pareto front of a run: accept length vs verification latency.
 
@@ -110,6 +112,7 @@ def show_tree(
     source: Path = typer.Argument(..., help="A bundle.json, or a JSON list of paths."),
     out: Path = typer.Option(..., "--out", help="PNG file to write."),
     tree_index: int = typer.Option(0, "--tree", help="Which tree of a bundle."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Draw a tree (of a bundle, or a JSON path list such as trees/mc_sim_7b_63.json).
 

@@ -50,6 +50,7 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
+    FORCE_OPTION,
     GRAPHS_OPTION,
     check_engine,
 )
@@ -131,6 +132,7 @@ def validate(
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    force: bool = FORCE_OPTION,
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
 

@@ -4,17 +4,20 @@ The one way entmtp writes a file. The target must be a regular file or absent: a
 symbolic link, a device node, a pipe or a read-only file is refused before anything is written
 (a rename would replace the link or the device node itself with a regular file). An OS error
 (disk full, permission denied) becomes one ``EntmtpError`` line, and nothing is left behind: no
-temp file, and no folder that this write created.
+temp file, and no folder that this write created. A read-only target is replaced only inside
+``replacing_read_only()`` (the command line's ``--force``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,9 +31,34 @@ _FIXES = {
     errno.EROFS: "choose an output path on a writable disk",
 }
 
+# Whether writes may replace read-only targets; set for one command by ``replacing_read_only``.
+_REPLACE_READ_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "entmtp_replace_read_only", default=False)
 
-def check_writable_target(path: str | os.PathLike, *, replace_read_only: bool = False) -> Path:
-    """Refuse a target that a rename must not replace; returns it as a Path."""
+
+@contextlib.contextmanager
+def replacing_read_only(enabled: bool = True) -> Iterator[None]:
+    """Within the block, every write may replace a read-only target (``--force``)."""
+    token = _REPLACE_READ_ONLY.set(enabled)
+    try:
+        yield
+    finally:
+        _REPLACE_READ_ONLY.reset(token)
+
+
+def may_replace_read_only() -> bool:
+    """Whether the current command may replace read-only targets (``--force``)."""
+    return _REPLACE_READ_ONLY.get()
+
+
+def check_writable_target(path: str | os.PathLike, *,
+                          replace_read_only: bool | None = None) -> Path:
+    """Refuse a target that a rename must not replace; returns it as a Path.
+
+    ``replace_read_only``: None follows ``replacing_read_only()``.
+    """
+    if replace_read_only is None:
+        replace_read_only = may_replace_read_only()
     target = Path(path)
     try:
         info = target.lstat()
@@ -50,8 +78,8 @@ def check_writable_target(path: str | os.PathLike, *, replace_read_only: bool = 
         raise EntmtpError(f"cannot write {target}: it is not a regular file (a device, pipe or "
                           "socket): give a file path to write")
     if not replace_read_only and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        raise EntmtpError(f"cannot write {target}: it is read-only: make it writable (chmod u+w) "
-                          "or remove it to replace it, or choose another output path")
+        raise EntmtpError(f"cannot write {target}: it is read-only: pass --force to replace it, "
+                          "or make it writable (chmod u+w), or choose another output path")
     return target
 
 
@@ -86,7 +114,7 @@ def _remove_folders(created: list[Path]) -> None:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
-                 replace_read_only: bool = False) -> Path:
+                 replace_read_only: bool | None = None) -> Path:
     """Write ``path`` through ``write(fileobj)`` so that readers see the old file or the new one.
 
     Never leaves a partial file behind: on any error the temp file (and any folder this call
@@ -130,12 +158,12 @@ def _current_umask() -> int:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *,
-                      replace_read_only: bool = False) -> Path:
+                      replace_read_only: bool | None = None) -> Path:
     return atomic_write(path, lambda handle: handle.write(text.encode("utf-8")),
                         replace_read_only=replace_read_only)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2,
-                      replace_read_only: bool = False) -> Path:
+                      replace_read_only: bool | None = None) -> Path:
     text = json.dumps(obj, indent=indent, allow_nan=False) + "\n"
     return atomic_write_text(path, text, replace_read_only=replace_read_only)
