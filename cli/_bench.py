@@ -71,6 +71,7 @@ from ._model_setup import (
     HEAD_TYPES,
     check_device_and_dtype,
     check_engine,
+    check_outputs,
 )
 from ._paired import paired_ratio_interval
 from ._runs import command_line
@@ -687,6 +688,7 @@ def bench(
     task_name = task_for(task, data, bundle_task(bundles, task, data) or "chat")
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
+    check_outputs(json_path, plot)
     base = load_base(model, device=device, dtype=dtype)
     head_sets = load_head_sets(base, heads or [], head_type, model)
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)

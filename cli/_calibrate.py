@@ -32,7 +32,14 @@ from ._model_setup import (
     check_engine,
     load_model_and_heads,
 )
-from ._runs import RunDir, check_run_arguments, record_run_arguments, search_stage, start_afresh
+from ._runs import (
+    RunDir,
+    check_run_arguments,
+    check_run_outputs,
+    record_run_arguments,
+    search_stage,
+    start_afresh,
+)
 from .app import app
 
 
@@ -223,6 +230,7 @@ def calibrate(
     if storage is not None:
         open_storage(storage)  # fail now, not after the profile has been computed
     check_run_arguments(run, arguments, fresh=fresh)
+    check_run_outputs(run)
     made = not run.root.exists()
     try:
         run.root.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from entmtp.treesearch import LatencyModel, Profile, SearchSettings, synthetic_p
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
-from ._runs import RunDir, search_stage
+from ._runs import RunDir, check_run_outputs, search_stage
 from .app import app
 
 SYNTHETIC_MODEL = "synthetic"  # the model name a demo profile carries
@@ -41,6 +41,7 @@ def demo(
     console = Console()
     run = RunDir(out)
     check_demo_folder(run)
+    check_run_outputs(run)
     made = not run.root.exists()
     try:
         if made:

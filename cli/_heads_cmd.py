@@ -21,6 +21,7 @@ from ._model_setup import (
     FORCE_OPTION,
     HEAD_TYPES,
     check_device_and_dtype,
+    check_outputs,
     load_base,
 )
 from .app import app
@@ -322,6 +323,7 @@ def eval_command(
     from entmtp.treesearch._atomic import atomic_write_json
 
     _read_index(from_data)
+    check_outputs(json_out)
     base = load_base(model, device=device, dtype=dtype)
     loaded = [(path, load_heads(path, base.model)) for path in heads]
     data = read_head_data(from_data, base)

@@ -33,9 +33,10 @@ from ._model_setup import (
     GRAPHS_OPTION,
     check_device,
     check_engine,
+    check_outputs,
     resolve_dtype_name,
 )
-from ._runs import RunDir, load_front, search_stage
+from ._runs import RunDir, check_run_outputs, load_front, search_stage
 from .app import app
 
 SYNTHETIC_LABEL = "synthetic, not measured"
@@ -364,6 +365,9 @@ def latency(
     """
     console = Console()
     check_engine(engine)
+    check_outputs(out, plot)
+    for path in compare:  # read now: a bad one must not fail after --out is written
+        LatencyModel.load(path)
     with console.status(f"timing draft + verify steps on {device} ({dtype})..."):
         measured = measure_latency(
             model=model, heads=heads, head_type=head_type, num_heads=num_heads,
@@ -482,6 +486,7 @@ def retarget_run(
         raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")
     if settings.storage is not None:  # a shared Optuna study must not mix two latency models
         settings = replace(settings, study_name=f"{settings.study_name or 'entmtp'}-{slug}")
+    check_run_outputs(target)
     profile_bytes = run.profile.read_bytes()
     unchanged = (
         target.profile.is_file() and target.profile.read_bytes() == profile_bytes

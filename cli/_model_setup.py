@@ -32,6 +32,17 @@ DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the pre
 FORCE_OPTION = typer.Option(False, "--force", help="Replace output files that are read-only "
                             "(they are refused without it).")
 
+
+def check_outputs(*paths: Path | None) -> None:
+    """Refuse, before a command's first side effect, an output file the one writer would refuse
+    (a folder, a link, a device, a read-only file without --force); None: an option not given."""
+    from entmtp.treesearch._atomic import check_writable_target
+
+    for path in paths:
+        if path is not None:
+            check_writable_target(path)
+
+
 # --engine and --graphs of every command that decodes or times steps (latency, bench, validate,
 # decode, calibrate's latency stage), declared once.
 ENGINES = ("auto", "static", "eager")

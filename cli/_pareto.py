@@ -12,7 +12,7 @@ from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_b
 from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors
-from ._model_setup import FORCE_OPTION
+from ._model_setup import FORCE_OPTION, check_outputs
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
 from ._runs import RunDir, load_acceptance, load_front, search_stage
 from .app import app
@@ -56,6 +56,7 @@ def pareto(
     run = RunDir(run_dir)
     if not run_dir.is_dir():
         raise EntmtpError(f"run folder {run_dir} does not exist: run `entmtp calibrate` first")
+    check_outputs(plot, acceptance_plot)
     console = Console()
     if not run.front.exists() and run.profile.exists() and run.latency.exists():
         # A folder with only a profile and a latency model: run the search stage now.
@@ -63,6 +64,7 @@ def pareto(
         search_stage(run, SearchSettings(schedule_trials=schedule_trials), console=console,
                      task=task)
     front = load_front(run)
+    acc = load_acceptance(run) if acceptance_plot is not None else None  # before any plot
     task = front.get("task", "?")
     console.print(_front_table(f"Pareto front, task {task}, all positions", front["front"]))
     edges = front.get("bucket_edges", [])
@@ -98,8 +100,7 @@ def pareto(
         plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
                     references=references, chosen=chosen)
         console.print(f"wrote {plot}")
-    if acceptance_plot is not None:
-        acc = load_acceptance(run)
+    if acceptance_plot is not None and acc is not None:
         top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
         plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
                                title=f"head top-1 acceptance vs entropy, task {task}")

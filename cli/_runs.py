@@ -24,7 +24,11 @@ from entmtp.treesearch import (
     save_bundle,
     search,
 )
-from entmtp.treesearch._atomic import atomic_write_json, atomic_write_text
+from entmtp.treesearch._atomic import (
+    atomic_write_json,
+    atomic_write_text,
+    check_writable_target,
+)
 from entmtp.treesearch._readers import read_json, require
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 
@@ -65,6 +69,18 @@ class RunDir:
     def record(self) -> Path:
         """The arguments that made the run (``check_run_arguments``)."""
         return self.root / "run.json"
+
+
+def check_run_outputs(run: RunDir) -> None:
+    """Refuse, before anything is written, a run folder that is a link or a file, or whose
+    stage files are folders, links or devices. (A read-only stage file is refused only when its
+    stage is to be written again: a finished read-only run is still reused.)"""
+    if run.root.is_symlink() or (run.root.exists() and not run.root.is_dir()):
+        raise EntmtpError(f"run folder {run.root} is a file or a link, not a folder: choose "
+                          "another --out")
+    for path in (run.record, run.profile, run.latency, run.front, run.acceptance, run.bundle,
+                 run.report):
+        check_writable_target(path, replace_read_only=True)
 
 
 def entmtp_version() -> str:
@@ -242,6 +258,7 @@ def search_stage(
         raise EntmtpError(f"{run.root} has no profile.npz: profile first (entmtp calibrate)")
     if not run.latency.exists():
         raise EntmtpError(f"{run.root} has no latency.json: measure latency first")
+    check_run_outputs(run)
     stamp = {"settings": asdict(settings), "inputs": _inputs_digest(run)}
     if not force and run.bundle.exists() and run.front.exists():
         try:
@@ -256,6 +273,8 @@ def search_stage(
         if reusable:
             console.print(f"[dim]search: reusing {run.bundle}[/dim]")
             return run.bundle
+    for path in (run.acceptance, run.report, run.bundle, run.front):  # all four, or none
+        check_writable_target(path)
     profile = Profile.load(run.profile)
     latency = LatencyModel.load(run.latency)
     with console.status(

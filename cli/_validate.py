@@ -53,6 +53,7 @@ from ._model_setup import (
     FORCE_OPTION,
     GRAPHS_OPTION,
     check_engine,
+    check_outputs,
 )
 from .app import app
 
@@ -146,6 +147,7 @@ def validate(
     task_name = task_for(task, data, bundle.task)
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
+    check_outputs(json_path)
     base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
     check_bundle_fits(bundle, base, draft_heads)
