@@ -521,10 +521,13 @@ def check_heads_target(folder: str | os.PathLike) -> Path:
     try:
         info = target.lstat()
     except FileNotFoundError:
-        check_writable_target(target)  # a parent that is a file
         return target
+    except NotADirectoryError as err:
+        raise EntmtpError(f"cannot write heads to {target}: a parent of it is a file, not a "
+                          "folder: choose another --out") from err
     except OSError as err:
-        raise EntmtpError(f"cannot write heads to {target}: {err.strerror}") from err
+        raise EntmtpError(f"cannot write heads to {target}: {err.strerror}: choose another "
+                          "--out") from err
     if stat.S_ISLNK(info.st_mode):
         raise EntmtpError(f"cannot write heads to {target}: it is a symbolic link, and entmtp "
                           "does not write through links: give the real path or remove the link")
