@@ -30,7 +30,7 @@ import torch
 
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
+from entmtp.treesearch._profile import Profile, ProfileMeta, Trace, values_problem
 
 from ._cache_keyword import cache_keyword, returned_cache
 from ._model import BaseModel, model_fingerprint
@@ -127,7 +127,8 @@ def profile_prompts(
         if not ids:
             raise EntmtpError(f"prompt {prompt.prompt_id} encodes to no tokens: drop it")
         base.check_fits_context(prompt.prompt_id, len(ids), max_new_tokens)
-        stored = _read_trace(folder, prompt, ids, settings) if folder is not None else None
+        stored = (_read_trace(folder, prompt, ids, settings, meta.topk) if folder is not None
+                  else None)
         if stored is not None:
             traces[prompt.index] = stored
         else:
@@ -305,8 +306,8 @@ def _write_trace(folder: Path, trace: Trace, ids: Sequence[int], settings: str) 
                  lambda handle: np.savez(handle, **arrays))
 
 
-def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: str
-                ) -> Trace | None:
+def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: str,
+                topk: int) -> Trace | None:
     """The stored trace of ``prompt``, or None when absent or made with other settings."""
     path = _trace_path(folder, prompt.index)
     if not path.is_file():
@@ -323,8 +324,14 @@ def _read_trace(folder: Path, prompt: TaskPrompt, ids: Sequence[int], settings: 
                 "prompt_id": prompt.prompt_id, "prompt_tokens": _tokens_key(ids)}
     if header != expected:
         return None
-    return Trace(prompt.index, prompt.prompt_id, entropy, ranks, prompt_length=len(ids),
-                 draft_entropy=draft)
+    try:
+        trace = Trace(prompt.index, prompt.prompt_id, entropy, ranks, prompt_length=len(ids),
+                      draft_entropy=draft)
+    except EntmtpError:  # arrays of mismatched shapes
+        return None
+    if values_problem(trace.entropy, trace.ranks, trace.draft_entropy, topk=topk) is not None:
+        return None  # NaN or impossible values: profile the prompt again
+    return trace
 
 
 # -- progress ---------------------------------------------------------------------------------

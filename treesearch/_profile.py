@@ -26,7 +26,7 @@ import numpy as np
 
 from ._atomic import atomic_write
 from ._errors import EntmtpError
-from ._readers import parse_json, short
+from ._readers import check_regular_file, parse_json, require, short
 
 PROFILE_FORMAT = "entmtp-profile"
 PROFILE_FORMAT_VERSION = 1
@@ -168,26 +168,30 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
+        """Read and check a profile: every array, every header field and every value (finite,
+        non-negative entropies; ranks in [-1, topk)); one line naming the file and the field
+        for anything wrong."""
         path = Path(path)
-        if not path.is_file():
-            raise EntmtpError(f"profile {path} does not exist: run `entmtp calibrate` first")
         source = f"profile {path}"
+        fix = "delete it and profile again (entmtp calibrate)"
+        check_regular_file(path, source=source, fix="run `entmtp calibrate` first")
         try:
             with np.load(path, allow_pickle=False) as data:
-                header_bytes = bytes(data["header"])
-                offsets = data["offsets"]
-                prompt_index = data["prompt_index"]
-                prompt_length = data["prompt_length"]
-                entropy = data["entropy"]
-                ranks = data["ranks"]
+                missing = [name for name in _PROFILE_ARRAYS if name not in data.files]
+                if missing:
+                    raise EntmtpError(f"{source}: the array {missing[0]!r} is missing: {fix}")
+                arrays = {name: data[name] for name in _PROFILE_ARRAYS}
                 draft = data["draft_entropy"] if "draft_entropy" in data.files else None
         # A cut-off .npz fails in zipfile (BadZipFile, EOFError), not only with OSError.
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise EntmtpError(
                 f"profile {path} is unreadable or truncated ({short(str(err))}); re-run it"
             ) from err
-        header = parse_json(header_bytes, source=f"{source} header", expect=None,
-                            fix="delete it and profile again")
+        header_bytes = arrays["header"]
+        if header_bytes.dtype != np.uint8 or header_bytes.ndim != 1:
+            raise EntmtpError(f"{source}: header is not a byte array: {fix}")
+        header = parse_json(header_bytes.tobytes(), source=f"{source} header", expect=None,
+                            fix=fix)
         if not isinstance(header, dict):
             raise EntmtpError(f"{path} is not an entmtp profile (its header is not a JSON object)")
         if header.get("format") != PROFILE_FORMAT:
@@ -201,25 +205,116 @@ class Profile:
                 f"profile {path} has format_version {header['format_version']}, newer than this "
                 f"entmtp reads ({PROFILE_FORMAT_VERSION}): upgrade entmtp"
             )
-        try:
-            meta = ProfileMeta(**header["meta"])
-            prompt_ids = list(header["prompt_ids"])
-        except (KeyError, TypeError) as err:
-            raise EntmtpError(f"profile {path} has a bad header ({err}); re-run it") from err
-        if not (len(prompt_ids) == len(prompt_index) == len(prompt_length) == len(offsets) - 1):
-            raise EntmtpError(f"profile {path} has inconsistent trace counts; re-run it")
+        meta = _read_meta(require(header, "meta", dict, source=source, fix=fix), source, fix)
+        prompt_ids = require(header, "prompt_ids", list, source=source, fix=fix)
+        for i, prompt_id in enumerate(prompt_ids):
+            if not isinstance(prompt_id, str):
+                raise EntmtpError(f"{source}: prompt_ids[{i}] is not a string: {fix}")
+        offsets, prompt_index, prompt_length, entropy, ranks = (
+            _array(arrays, name, source, fix, kind, ndim) for name, kind, ndim in (
+                ("offsets", "i", 1), ("prompt_index", "i", 1), ("prompt_length", "i", 1),
+                ("entropy", "f", 1), ("ranks", "i", 2)))
+        if draft is not None:
+            draft = _array({"draft_entropy": draft}, "draft_entropy", source, fix, "f", 1)
+        count = len(prompt_ids)
+        if not (len(prompt_index) == len(prompt_length) == len(offsets) - 1 == count):
+            raise EntmtpError(f"{source}: {count} prompt_ids, {len(prompt_index)} prompt_index, "
+                              f"{len(prompt_length)} prompt_length and {len(offsets)} offsets "
+                              f"(inconsistent trace counts): {fix}")
+        positions = len(entropy)
+        if offsets[0] != 0 or offsets[-1] != positions or np.any(np.diff(offsets) < 0):
+            raise EntmtpError(f"{source}: offsets must rise from 0 to the {positions} positions: "
+                              f"{fix}")
+        if len(ranks) != positions or (draft is not None and len(draft) != positions):
+            raise EntmtpError(f"{source}: {positions} entropies, {len(ranks)} rank rows"
+                              + ("" if draft is None else f", {len(draft)} draft entropies")
+                              + f" (shape mismatch): {fix}")
+        if meta.num_heads and ranks.shape[1] != meta.num_heads:
+            raise EntmtpError(f"{source}: ranks has {ranks.shape[1]} columns but meta.num_heads "
+                              f"is {meta.num_heads} (shape mismatch): {fix}")
+        if np.any(prompt_length < 0) or np.any(prompt_index < 0):
+            raise EntmtpError(f"{source}: prompt_index and prompt_length must not be negative: "
+                              f"{fix}")
+        if len(np.unique(prompt_index)) != count:
+            raise EntmtpError(f"{source}: prompt_index repeats a prompt: {fix}")
+        problem = values_problem(entropy, ranks, draft, topk=meta.topk)
+        if problem is not None:
+            raise EntmtpError(f"{source}: {problem}: {fix}")
         traces = [
             Trace(
                 prompt_index=int(prompt_index[i]),
-                prompt_id=str(prompt_ids[i]),
+                prompt_id=prompt_ids[i],
                 entropy=entropy[offsets[i] : offsets[i + 1]],
                 ranks=ranks[offsets[i] : offsets[i + 1]],
                 prompt_length=int(prompt_length[i]),
                 draft_entropy=None if draft is None else draft[offsets[i] : offsets[i + 1]],
             )
-            for i in range(len(prompt_index))
+            for i in range(count)
         ]
         return cls(meta, traces)
+
+
+_PROFILE_ARRAYS = ("header", "offsets", "prompt_index", "prompt_length", "entropy", "ranks")
+# Entropies are sums of -p log p >= 0; float32 rounding may leave a tiny negative value.
+ENTROPY_TOLERANCE = 1e-4
+
+
+def values_problem(entropy: np.ndarray, ranks: np.ndarray, draft: np.ndarray | None, *,
+                   topk: int) -> str | None:
+    """What is wrong with a profile's or trace's values, naming the field, or None: entropies
+    (nats) must be finite and not negative, ranks in [-1, topk) (-1: a miss)."""
+    for name, values in (("entropy", entropy), ("draft_entropy", draft)):
+        if values is None or not len(values):
+            continue
+        bad = np.flatnonzero(~np.isfinite(values))
+        if len(bad):
+            return f"{name}[{bad[0]}] is {values[bad[0]]} (entropies must be finite)"
+        low = np.flatnonzero(values < -ENTROPY_TOLERANCE)
+        if len(low):
+            return f"{name}[{low[0]}] is {values[low[0]]:.6g} (entropies are not negative)"
+    if ranks.size:
+        outside = np.argwhere((ranks < -1) | (ranks >= topk))
+        if len(outside):
+            row, head = outside[0]
+            return (f"ranks[{row}, {head}] is {ranks[row, head]}, outside [-1, {topk}) "
+                    f"(-1 is a miss; meta.topk is {topk})")
+    return None
+
+
+def _array(arrays: dict[str, np.ndarray], name: str, source: str, fix: str, kind: str,
+           ndim: int) -> np.ndarray:
+    """``arrays[name]`` if its dtype is of ``kind`` ("i": integer, "f": float) and it has
+    ``ndim`` dimensions."""
+    array = arrays[name]
+    if array.dtype.kind != kind and not (kind == "i" and array.dtype.kind == "u"):
+        wanted = {"i": "integers", "f": "floating-point numbers"}[kind]
+        raise EntmtpError(f"{source}: {name} holds {array.dtype} values, not {wanted}: {fix}")
+    if array.ndim != ndim:
+        raise EntmtpError(f"{source}: {name} has shape {array.shape}, not {ndim}-D (shape "
+                          f"mismatch): {fix}")
+    return array
+
+
+_META_FIELDS: dict[str, tuple[type, int | None]] = {  # field -> (type, minimum)
+    "model": (str, None), "vocab_size": (int, 0), "hidden_size": (int, 0),
+    "head_type": (str, None), "num_heads": (int, 0), "heads_sha256": (str, None),
+    "task": (str, None), "topk": (int, 1), "split": (str, None), "max_new_tokens": (int, 0),
+    "seed": (int, None), "extra": (dict, None),
+}
+
+
+def _read_meta(meta: dict[str, Any], source: str, fix: str) -> ProfileMeta:
+    unknown = sorted(set(meta) - set(_META_FIELDS))
+    if unknown:
+        raise EntmtpError(f"{source}: meta.{unknown[0]} is not a profile field (written by "
+                          f"another entmtp?): {fix}")
+    for key, (kind, minimum) in _META_FIELDS.items():
+        if key not in meta:
+            continue
+        value = require(meta, key, kind, source=source, fix=fix, where="meta")
+        if minimum is not None and value < minimum:
+            raise EntmtpError(f"{source}: meta.{key} is {value}, below {minimum}: {fix}")
+    return ProfileMeta(**meta)
 
 
 def merge_profiles(shards: Sequence[Profile]) -> Profile:

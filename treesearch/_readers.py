@@ -60,6 +60,25 @@ def read_bytes(path: str | os.PathLike, *, source: str, fix: str = "",
                limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``), or one line saying why not."""
     path = Path(path).expanduser()
+    info = check_regular_file(path, source=source, fix=fix)
+    if info.st_size > limit:
+        raise EntmtpError(_join(f"{source} is {info.st_size} bytes, more than the {limit} an "
+                                "entmtp file can be", fix or "check the path"))
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as err:
+        raise EntmtpError(_join(f"{source} cannot be read", err.strerror or str(err), fix)) from err
+    if len(data) > limit:  # grew while being read
+        raise EntmtpError(_join(f"{source} is larger than the {limit} bytes an entmtp file can be",
+                                fix))
+    return data
+
+
+def check_regular_file(path: str | os.PathLike, *, source: str, fix: str = "") -> os.stat_result:
+    """The stat of ``path`` if it is a regular file (links followed), else one line saying why
+    not: missing, a folder, a device, pipe or socket (opening a pipe would wait forever)."""
+    path = Path(path).expanduser()
     try:
         info = path.stat()
     except FileNotFoundError as err:
@@ -74,18 +93,7 @@ def read_bytes(path: str | os.PathLike, *, source: str, fix: str = "",
     if not stat.S_ISREG(info.st_mode):
         raise EntmtpError(_join(f"{source} is not a regular file (a device, pipe or socket)",
                                 fix or "give a file"))
-    if info.st_size > limit:
-        raise EntmtpError(_join(f"{source} is {info.st_size} bytes, more than the {limit} an "
-                                "entmtp file can be", fix or "check the path"))
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError as err:
-        raise EntmtpError(_join(f"{source} cannot be read", err.strerror or str(err), fix)) from err
-    if len(data) > limit:  # grew while being read
-        raise EntmtpError(_join(f"{source} is larger than the {limit} bytes an entmtp file can be",
-                                fix))
-    return data
+    return info
 
 
 def decode_text(data: bytes | str, *, source: str, fix: str = "") -> str:
