@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ import torch
 
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._readers import read_json
 
 from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir
@@ -225,9 +225,10 @@ def _load_gguf(path: Path) -> BaseModel:
     cache = user_cache_dir() / "models" / f"{path.stem}-{digest[:16]}"
     if (cache / CACHE_MARKER).is_file():
         try:
-            marker = json.loads((cache / CACHE_MARKER).read_text(encoding="utf-8"))
-            if marker.get("gguf_sha256") == digest:
-                return _load_folder(cache, name=marker["name"], source=str(path))
+            marker = read_json(cache / CACHE_MARKER, source=f"model cache marker {cache}")
+            name = marker.get("name")
+            if marker.get("gguf_sha256") == digest and isinstance(name, str):
+                return _load_folder(cache, name=name, source=str(path))
         except Exception as err:  # any broken cache is rebuilt, never fatal
             warnings.warn(f"replacing the unreadable model cache {cache} ({err})", stacklevel=2)
     if cache.exists():  # unreadable, or without its completion marker: never read it
@@ -236,7 +237,8 @@ def _load_gguf(path: Path) -> BaseModel:
     base = _make_base(model, tokenizer, name=path.stem, source=str(path))
     try:
         write_model_cache(base, cache, extra={"gguf_sha256": digest})
-    except OSError as err:  # a read-only cache folder only costs the dequantization next time
+    except (OSError, EntmtpError) as err:  # a read-only or full disk only costs the
+        # dequantization next time
         warnings.warn(f"could not cache the dequantized model in {cache} ({err})", stacklevel=2)
     return base
 
@@ -313,11 +315,9 @@ def file_sha256(path: Path) -> str:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     index_path = user_cache_dir() / "models" / "sha256-index.json"
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-        if not isinstance(index, dict):
-            index = {}
-    except (OSError, ValueError):
+    try:  # a damaged index (or a pipe, or a folder, at its path) only costs hashing again
+        index = read_json(index_path, source=f"sha256 index {index_path}")
+    except EntmtpError:
         index = {}
     if isinstance(index.get(key), str):
         return index[key]
