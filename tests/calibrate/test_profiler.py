@@ -292,3 +292,26 @@ def test_generation_keeps_no_autograd_graph():
     finally:
         hook.remove()
     assert seen and not any(seen)
+
+
+@pytest.mark.parametrize("damage", ["entropy-nan", "rank-past-topk", "ranks-short"])
+def test_a_stored_trace_with_impossible_values_is_profiled_again(tmp_path, damage):
+    """A trace that would make every later profile unloadable is redone, not reused."""
+    base, heads = tiny_base(), StandInHeads("medusa", 2)
+    full = profile_prompts(base, heads, PROMPTS[:2], max_new_tokens=5, shard_dir=tmp_path)
+    path = sorted(tmp_path.glob("prompt-*.npz"))[0]
+    arrays = dict(np.load(path))
+    if damage == "entropy-nan":
+        arrays["entropy"] = arrays["entropy"].copy()
+        arrays["entropy"][0] = np.nan
+    elif damage == "rank-past-topk":
+        arrays["ranks"] = arrays["ranks"].copy()
+        arrays["ranks"][0, 0] = 99
+    else:
+        arrays["ranks"] = arrays["ranks"][:-1]
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+    again = profile_prompts(base, heads, PROMPTS[:2], max_new_tokens=5, shard_dir=tmp_path)
+    for a, b in zip(again.traces, full.traces, strict=True):
+        np.testing.assert_array_equal(a.entropy, b.entropy)
+        np.testing.assert_array_equal(a.ranks, b.ranks)
