@@ -11,7 +11,7 @@ from entmtp.treesearch import LatencyModel, Profile, SearchSettings, synthetic_p
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
-from ._runs import RunDir, check_run_outputs, search_stage
+from ._runs import RunDir, check_run_outputs, removed_on_failure, search_stage
 from .app import app
 
 SYNTHETIC_MODEL = "synthetic"  # the model name a demo profile carries
@@ -42,27 +42,24 @@ def demo(
     run = RunDir(out)
     check_demo_folder(run)
     check_run_outputs(run)
-    made = not run.root.exists()
-    try:
-        if made:
-            run.root.mkdir(parents=True)
-        if not run.profile.exists():
-            profile = synthetic_profile(seed=seed)
-            # A synthetic profile has no model: mark it so the bundle cannot pass for a real one.
-            profile.meta.model, profile.meta.vocab_size, profile.meta.hidden_size = (
-                SYNTHETIC_MODEL, 1, 1)
-            profile.save(run.profile)
-        model = LatencyModel.cpu_like() if latency == "cpu" else LatencyModel.gpu_like()
-        if not run.latency.exists() or LatencyModel.load(run.latency) != model:
-            model.save(run.latency)
-        settings = SearchSettings(schedule_trials=schedule_trials, seed=seed)
-        search_stage(run, settings, console=console, task="synthetic")
-    except OSError as err:
-        raise EntmtpError(f"cannot write the demo run {run.root}: {err.strerror or err}: "
-                          "choose a writable --out") from err
-    finally:
-        if made and run.root.is_dir() and not any(run.root.iterdir()):
-            run.root.rmdir()  # nothing was written: leave no empty folder
+    with removed_on_failure(run.root):  # a half-made demo run helps nobody
+        try:
+            run.root.mkdir(parents=True, exist_ok=True)
+            if not run.profile.exists():
+                profile = synthetic_profile(seed=seed)
+                # A synthetic profile has no model: mark it so the bundle cannot pass for a
+                # real one.
+                profile.meta.model, profile.meta.vocab_size, profile.meta.hidden_size = (
+                    SYNTHETIC_MODEL, 1, 1)
+                profile.save(run.profile)
+            model = LatencyModel.cpu_like() if latency == "cpu" else LatencyModel.gpu_like()
+            if not run.latency.exists() or LatencyModel.load(run.latency) != model:
+                model.save(run.latency)
+            settings = SearchSettings(schedule_trials=schedule_trials, seed=seed)
+            search_stage(run, settings, console=console, task="synthetic")
+        except OSError as err:
+            raise EntmtpError(f"cannot write the demo run {run.root}: {err.strerror or err}: "
+                              "choose a writable --out") from err
     console.print(f"wrote {run.bundle} and {run.report}")
 
 

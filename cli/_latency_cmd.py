@@ -36,7 +36,7 @@ from ._model_setup import (
     check_outputs,
     resolve_dtype_name,
 )
-from ._runs import RunDir, check_run_outputs, load_front, search_stage
+from ._runs import RunDir, check_run_outputs, load_front, removed_on_failure, search_stage
 from .app import app
 
 SYNTHETIC_LABEL = "synthetic, not measured"
@@ -493,10 +493,11 @@ def retarget_run(
         and target.latency.is_file()
         and LatencyModel.load(target.latency).to_json() == target_latency.to_json()
     )
-    if not unchanged:
-        atomic_write(target.profile, lambda handle: handle.write(profile_bytes))
-        target_latency.save(target.latency)
-    search_stage(target, settings, console=console, task=str(front.get("task") or "custom"))
+    with removed_on_failure(target.root):
+        if not unchanged:
+            atomic_write(target.profile, lambda handle: handle.write(profile_bytes))
+            target_latency.save(target.latency)
+        search_stage(target, settings, console=console, task=str(front.get("task") or "custom"))
     return target
 
 

@@ -3,10 +3,12 @@ finished stage is reused by the next run of the same command and an interrupted 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shlex
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as _package_version
 from pathlib import Path
@@ -69,6 +71,22 @@ class RunDir:
     def record(self) -> Path:
         """The arguments that made the run (``check_run_arguments``)."""
         return self.root / "run.json"
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder: Path) -> Iterator[None]:
+    """If the block fails, remove ``folder`` and its parents that did not exist before it: a
+    half-made run folder (a profile without a bundle) helps nobody (demo, retarget)."""
+    first_missing = None
+    probe = folder.absolute()
+    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
+        first_missing, probe = probe, probe.parent
+    try:
+        yield
+    except BaseException:
+        if first_missing is not None:
+            shutil.rmtree(first_missing, ignore_errors=True)
+        raise
 
 
 def check_run_outputs(run: RunDir) -> None:
@@ -287,10 +305,10 @@ def search_stage(
     )
     front = outcome_to_json(outcome, task=task)
     front.update(stamp)
+    save_bundle(bundle, run.bundle)  # first: it validates what it writes; a refusal leaves no file
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
     report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
                              topk=profile.meta.topk)
     atomic_write_text(run.report, report)
-    save_bundle(bundle, run.bundle)
     atomic_write_json(run.front, front)  # written last: marks the stage finished
     return run.bundle

@@ -165,5 +165,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, *,
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2,
                       replace_read_only: bool | None = None) -> Path:
-    text = json.dumps(obj, indent=indent, allow_nan=False) + "\n"
+    try:
+        text = json.dumps(obj, indent=indent, allow_nan=False) + "\n"
+    except ValueError as err:  # NaN or infinity: JSON has none, and a reader would refuse it
+        raise EntmtpError(f"cannot write {path}: {err}") from err
     return atomic_write_text(path, text, replace_read_only=replace_read_only)

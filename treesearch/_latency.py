@@ -72,6 +72,8 @@ MAX_RELATIVE_SPREAD = 0.25  # median over the points of iqr_ms / ms before "too 
 MIN_SPREAD_ROUNDS = 4  # fewer rounds than this give no interquartile range worth the name
 STEP_KINDS = ("tree", "autoregressive", "prepare", "fused_empty")
 MAX_STEP_MS = 600_000.0  # ten minutes: no decoding step of any model takes longer
+MIN_STEP_MS = 1e-3  # a microsecond: no decoding step is faster (and 1/ms must stay finite)
+MAX_TREE_NODES = 65_536  # no draft tree verifies more tokens than this in one step
 LATENCY_FIX = "measure it again with `entmtp latency`"
 
 
@@ -354,6 +356,12 @@ class LatencyModel:
         for key in ("prepare_ms_by_depth", "fused_empty_ms_by_depth", "measurements"):
             if key in obj:
                 require(obj, key, list, source=source, fix=fix)
+        for i, row in enumerate(obj.get("measurements", ())):
+            if (not isinstance(row, list) or len(row) != 3
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in row[:2])
+                    or isinstance(row[2], bool) or not isinstance(row[2], number)):
+                raise EntmtpError(f"{source}: measurements[{i}]: {short(repr(row))} is not "
+                                  f"[nodes, depth, ms]: {fix}")
         if "hardware" in obj:
             require(obj, "hardware", dict, source=source, fix=fix)
         noise = obj.get("noise")
@@ -400,9 +408,12 @@ def _check_plausible(model: LatencyModel, source: str) -> None:
                 *((f"verify_ms[{i}] + depth_ms", v + model.depth_ms)
                   for i, v in enumerate(model.verify_ms) if i > 0)]
     for name, value in shortest:
-        if value <= 0:
-            raise EntmtpError(f"{source}: {name}: a step cannot take {value:g} ms: "
-                              f"{LATENCY_FIX}")
+        if value < MIN_STEP_MS:
+            raise EntmtpError(f"{source}: {name}: a step cannot take {value:g} ms (less than "
+                              f"{MIN_STEP_MS * 1000:g} microsecond): {LATENCY_FIX}")
+    if model.nodes[-1] > MAX_TREE_NODES:
+        raise EntmtpError(f"{source}: nodes: a tree of {model.nodes[-1]} nodes is beyond any "
+                          f"draft tree (at most {MAX_TREE_NODES}): {LATENCY_FIX}")
     named = [("autoregressive_ms", model.autoregressive_ms),
              *((f"verify_ms[{i}]", v) for i, v in enumerate(model.verify_ms))]
     named += [("depth_ms", model.depth_ms), ("prepare_ms", model.prepare_ms),
