@@ -72,6 +72,13 @@ BAD_LATENCY: dict[str, bytes] = {
     "noise-points-bad": _latency(noise={"points": [{"step": "warp"}]}),
     "wrong-format": _latency(format="entmtp-bundle"),
     "top-level-list": json.dumps([GOOD_LATENCY]).encode(),
+    # 1/ms of a subnormal step overflowed to inf in the bundle (a traceback after files were made)
+    "autoregressive-subnormal": _latency(autoregressive_ms=1e-320),
+    "steps-under-a-microsecond": _latency(verify_ms=[1e-12] * 7),
+    "tree-of-2^62-nodes": _latency(nodes=[0, 2**62], verify_ms=[1.0, 2.0]),
+    "measurements-strings": _latency(measurements=[["a", "b", "c"]]),
+    "measurements-short": _latency(measurements=[[1]]),
+    "measurements-bool-time": _latency(measurements=[[1, 1, True]]),
 }
 
 

@@ -228,3 +228,37 @@ def test_fresh_starts_the_run_again(tiny_model_dir, tiny_medusa_dir, tmp_path):
     assert json.loads((run / "run.json").read_text())["arguments"]["task"] == "chat"
     again = runner.invoke(app, args)  # the same arguments: the finished run is reused
     assert again.exit_code == 0, again.output
+
+
+# -- a disk that fills up (or a rename that fails) part-way through a run ------------------------
+def _fail_from(monkeypatch, name: str, call: int, code: int = errno.ENOSPC) -> None:
+    """``os.<name>`` works ``call - 1`` times, then raises ``code`` every time."""
+    real = getattr(os, name)
+    count = [0]
+
+    def flaky(*args, **kwargs):
+        count[0] += 1
+        if count[0] >= call:
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, flaky)
+
+
+RUN_MAKERS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "demo": lambda out, run: ["demo", "--out", str(out), "--schedule-trials", "4"],
+    "retarget": lambda out, run: ["retarget", str(run), "--latency", str(run / "latency.json"),
+                                  "--out", str(out)],
+}
+
+
+@pytest.mark.parametrize("call", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+@pytest.mark.parametrize("maker", list(RUN_MAKERS))
+def test_a_run_cut_short_by_the_disk_leaves_nothing(demo_run, tmp_path, monkeypatch, maker,
+                                                    failing, call):
+    """The n-th write of a new run folder fails: one line, and no half-made folder."""
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+    _fail_from(monkeypatch, failing, call)
+    assert_user_error(RUN_MAKERS[maker](tmp_path / "new" / "run", run), tmp_path,
+                      mentions=("no space left",))
