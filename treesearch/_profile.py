@@ -174,7 +174,17 @@ class Profile:
         path = Path(path)
         source = f"profile {path}"
         fix = "delete it and profile again (entmtp calibrate)"
-        check_regular_file(path, source=source, fix="run `entmtp calibrate` first")
+        if not path.exists() and not path.is_symlink():
+            raise EntmtpError(f"{source} does not exist: run `entmtp calibrate` first")
+        check_regular_file(path, source=source, fix="give the profile.npz entmtp calibrate wrote")
+        try:
+            with open(path, "rb") as handle:  # a regular file: this cannot block
+                magic = handle.read(4)
+        except OSError as err:
+            raise EntmtpError(f"{source} cannot be read: {err.strerror}") from err
+        if magic != b"PK\x03\x04":  # every .npz is a zip archive
+            raise EntmtpError(f"{source} is not a profile (not an .npz archive): give the "
+                              "profile.npz entmtp calibrate wrote")
         try:
             with np.load(path, allow_pickle=False) as data:
                 missing = [name for name in _PROFILE_ARRAYS if name not in data.files]
