@@ -18,6 +18,14 @@ def import_optuna():
     return optuna
 
 
+def _first_byte(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(1)
+    except OSError as err:
+        raise EntmtpError(f"cannot read Optuna journal {path!r}: {err.strerror}") from err
+
+
 def open_storage(storage: str | None) -> Any:
     """``None`` (in memory), an Optuna database URL, or ``journal:PATH`` -> an Optuna storage.
 
@@ -39,8 +47,16 @@ def open_storage(storage: str | None) -> Any:
             raise EntmtpError(
                 f"cannot open Optuna journal {path!r}: folder {folder} does not exist; create it"
             )
+        if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block forever
+            raise EntmtpError(f"cannot open Optuna journal {path!r}: it is not a regular file "
+                              "(a folder, pipe or device): give a file path")
+        if os.path.isfile(path) and _first_byte(path) not in (b"", b"{"):  # lines of JSON
+            raise EntmtpError(f"cannot open Optuna journal {path!r}: it is not an Optuna journal "
+                              "(its lines are JSON objects): give a new file path")
         try:
-            return JournalStorage(JournalFileBackend(path))
+            journal = JournalStorage(JournalFileBackend(path))
+            journal.get_all_studies()  # replays the log now: a damaged one fails here, not later
+            return journal
         except Exception as err:  # noqa: BLE001 - any failure means the journal is unusable
             raise EntmtpError(
                 f"cannot open Optuna journal {path!r} ({type(err).__name__}: {err}); "
