@@ -18,10 +18,15 @@ def import_optuna():
     return optuna
 
 
-def _first_byte(path: str) -> bytes:
+def _ends(path: str) -> tuple[bytes, bytes]:
+    """The first and the last byte of the file at ``path``."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(1)
+            first = handle.read(1)
+            if not first:
+                return b"", b""
+            handle.seek(-1, os.SEEK_END)
+            return first, handle.read(1)
     except OSError as err:
         raise EntmtpError(f"cannot read Optuna journal {path!r}: {err.strerror}") from err
 
@@ -50,7 +55,8 @@ def open_storage(storage: str | None) -> Any:
         if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block forever
             raise EntmtpError(f"cannot open Optuna journal {path!r}: it is not a regular file "
                               "(a folder, pipe or device): give a file path")
-        if os.path.isfile(path) and _first_byte(path) not in (b"", b"{"):  # lines of JSON
+        if os.path.isfile(path) and _ends(path) not in ((b"", b""), (b"{", b"\n")):
+            # an Optuna journal is whole lines of JSON objects
             raise EntmtpError(f"cannot open Optuna journal {path!r}: it is not an Optuna journal "
                               "(its lines are JSON objects): give a new file path")
         try:

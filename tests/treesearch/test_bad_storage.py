@@ -45,3 +45,10 @@ def test_a_new_or_existing_journal_opens(tmp_path):
 
     storage.create_new_study([StudyDirection.MAXIMIZE], "s")  # writes the first line
     assert open_storage(f"journal:{path}").get_all_studies()[0].study_name == "s"
+
+
+def test_a_journal_with_a_cut_last_line_is_refused(tmp_path):
+    path = tmp_path / "journal.log"
+    path.write_bytes(b'{"a": ' + b"9" * 5000 + b"}")  # no newline: the next line would join it
+    with pytest.raises(EntmtpError, match="not an Optuna journal"):
+        open_storage(f"journal:{path}")
