@@ -25,7 +25,7 @@ import torch
 
 from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._readers import read_json
+from entmtp.treesearch._readers import check_regular_file, read_json
 
 from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir
@@ -195,8 +195,11 @@ def _load_folder(folder: Path, *, name: str, source: str) -> BaseModel:
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    except (OSError, ValueError) as err:
-        raise EntmtpError(f"cannot load the model folder {folder}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - a damaged folder fails in many ways (a config
+        # field of the wrong type is a TypeError): one line for all of them
+        message = " ".join(str(err).split())[:200]
+        raise EntmtpError(f"cannot load the model folder {folder} ({type(err).__name__}: "
+                          f"{message}): pass a Hugging Face model folder") from err
     return _make_base(model, tokenizer, name=name, source=source)
 
 
@@ -221,6 +224,15 @@ def _load_hub(repo_id: str) -> BaseModel:
 
 def _load_gguf(path: Path) -> BaseModel:
     path = path.resolve()
+    check_regular_file(path, source=f"model file {path}", fix="pass a .gguf file")
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as err:
+        raise EntmtpError(f"model file {path} cannot be read: {err.strerror}") from err
+    if magic != b"GGUF":  # every GGUF file starts so (the format's magic number)
+        raise EntmtpError(f"model file {path} is not a GGUF file (it does not start with the "
+                          "GGUF magic bytes): pass a .gguf file or a model folder")
     digest = file_sha256(path)
     cache = user_cache_dir() / "models" / f"{path.stem}-{digest[:16]}"
     if (cache / CACHE_MARKER).is_file():
@@ -233,7 +245,14 @@ def _load_gguf(path: Path) -> BaseModel:
             warnings.warn(f"replacing the unreadable model cache {cache} ({err})", stacklevel=2)
     if cache.exists():  # unreadable, or without its completion marker: never read it
         shutil.rmtree(cache, ignore_errors=True)
-    model, tokenizer = _dequantize_gguf(path)
+    try:
+        model, tokenizer = _dequantize_gguf(path)
+    except EntmtpError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a damaged GGUF fails in the parser in many ways
+        message = " ".join(str(err).split())[:200]
+        raise EntmtpError(f"cannot read the GGUF file {path} ({type(err).__name__}: {message}): "
+                          "pass a complete .gguf file or a model folder") from err
     base = _make_base(model, tokenizer, name=path.stem, source=str(path))
     try:
         write_model_cache(base, cache, extra={"gguf_sha256": digest})
