@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -495,7 +496,7 @@ def save_heads(
             "sha256": _weights_sha256(heads.config_dict(), state),
         }
         if extra:
-            config["training"] = dict(extra)
+            config["training"] = _finite(dict(extra))
         save_file(state, str(staging / HEADS_WEIGHTS), metadata={"format": HEADS_FORMAT})
         with open(staging / HEADS_CONFIG, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
@@ -547,6 +548,18 @@ def check_heads_target(folder: str | os.PathLike) -> Path:
     for name in (HEADS_CONFIG, HEADS_WEIGHTS):
         check_writable_target(target / name)
     return target
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has none (an accuracy over no held-out
+    position is NaN), and the heads reader refuses them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _set_default_permissions(folder: Path) -> None:
@@ -610,7 +623,9 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not config_path.exists() and not config_path.is_symlink():
         raise EntmtpError(f"{folder} has no config.json; it is not an entmtp, Medusa or Hydra "
                           "heads folder")
-    return read_json(config_path, source=f"heads config {config_path}",
+    # nan_as_null: heads trained before save_heads wrote NaN accuracies (no held-out position)
+    # as null carry NaN in their "training" record
+    return read_json(config_path, source=f"heads config {config_path}", nan_as_null=True,
                      fix="pass an entmtp, Medusa or Hydra heads folder (entmtp heads train "
                      "writes one)")
 

@@ -482,11 +482,11 @@ def retarget_run(
     check_latency_model(target_latency, strict=False, source=str(latency_file))
     slug = hardware_slug(target_latency.hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
+    check_run_outputs(target)  # first: resolve() fails on a symlink loop
     if target.root.resolve() == run.root.resolve():
         raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")
     if settings.storage is not None:  # a shared Optuna study must not mix two latency models
         settings = replace(settings, study_name=f"{settings.study_name or 'entmtp'}-{slug}")
-    check_run_outputs(target)
     profile_bytes = run.profile.read_bytes()
     unchanged = (
         target.profile.is_file() and target.profile.read_bytes() == profile_bytes

@@ -122,13 +122,16 @@ def read_text(path: str | os.PathLike, *, source: str, fix: str = "",
 
 # -- JSON -------------------------------------------------------------------------------------
 def parse_json(text: str | bytes, *, source: str, fix: str = "",
-               expect: type | tuple[type, ...] | None = dict) -> Any:
-    """Parse JSON text and check it with :func:`check_values`; ``expect``: the top-level type."""
+               expect: type | tuple[type, ...] | None = dict,
+               nan_as_null: bool = False) -> Any:
+    """Parse JSON text and check it with :func:`check_values`; ``expect``: the top-level type.
+    ``nan_as_null``: read NaN/Infinity literals as null instead of refusing them (for files
+    whose numbers are informational, written before entmtp wrote them as null)."""
     text = decode_text(text, source=source, fix=fix)
     if not text.strip():
         raise EntmtpError(_join(f"{source}: the file is empty", fix))
     try:
-        obj = json.loads(text, parse_constant=NonFinite)
+        obj = json.loads(text, parse_constant=(lambda _: None) if nan_as_null else NonFinite)
     except json.JSONDecodeError as err:
         raise EntmtpError(_join(
             f"{source}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
@@ -149,10 +152,11 @@ def parse_json(text: str | bytes, *, source: str, fix: str = "",
 
 
 def read_json(path: str | os.PathLike, *, source: str, fix: str = "",
-              expect: type | tuple[type, ...] | None = dict, limit: int = MAX_FILE_BYTES) -> Any:
+              expect: type | tuple[type, ...] | None = dict, limit: int = MAX_FILE_BYTES,
+              nan_as_null: bool = False) -> Any:
     """Read, decode, parse and check one JSON file (see the module doc)."""
     return parse_json(read_bytes(path, source=source, fix=fix, limit=limit), source=source,
-                      fix=fix, expect=expect)
+                      fix=fix, expect=expect, nan_as_null=nan_as_null)
 
 
 def read_jsonl(path: str | os.PathLike, *, source: str, fix: str = "",

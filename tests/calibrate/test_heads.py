@@ -472,3 +472,17 @@ def test_changed_or_recast_loaded_heads_hash_their_own_values(base, tmp_path):
     assert recast.to(torch.float16).sha256() == recast._current_sha256()
     fresh = new_heads(base, head_type="medusa", num_heads=2)
     assert fresh.sha256() == fresh._current_sha256()
+
+
+def test_heads_with_nan_in_their_training_record_load_and_new_ones_have_none(base, tmp_path):
+    """Older heads folders hold NaN accuracies (no held-out position) in config.json; they still
+    load, and save_heads now writes such values as null (JSON has no NaN)."""
+    heads = new_heads(base, head_type="medusa", num_heads=2)
+    folder = save_heads(heads, tmp_path / "h", dtype=None,
+                        extra={"heldout": {"top1": [float("nan")], "loss": float("inf")}})
+    text = (folder / "config.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["training"]["heldout"] == {"top1": [None], "loss": None}
+    (folder / "config.json").write_text(text.replace('"top1": [\n        null', '"top1": [NaN'))
+    assert "NaN" in (folder / "config.json").read_text()
+    assert load_heads(folder, base).num_heads == 2
