@@ -21,6 +21,7 @@ from ._model_setup import (
     FORCE_OPTION,
     HEAD_TYPES,
     check_device_and_dtype,
+    check_output_folder,
     check_outputs,
     load_base,
 )
@@ -252,6 +253,7 @@ def data_command(
         raise EntmtpError("give --task and/or --data: the prompts to make data from")
     if max_new_tokens < 1 or max_answer_tokens < 1:
         raise EntmtpError("--max-new-tokens and --max-answer-tokens must be at least 1")
+    check_output_folder(out, what="head-data folder")  # before the model loads
     from entmtp.calibrate._headdata import (
         DataItem,
         encode_item,

@@ -43,6 +43,26 @@ def check_outputs(*paths: Path | None) -> None:
             check_writable_target(path)
 
 
+def check_output_folder(folder: Path, *, what: str = "output folder") -> None:
+    """Refuse, before a command's first side effect, an output folder that is a link, a file, a
+    device or under a file (absent or a real folder passes)."""
+    import stat
+
+    try:
+        info = folder.lstat()
+    except FileNotFoundError:
+        return
+    except NotADirectoryError as err:
+        raise EntmtpError(f"cannot make {what} {folder}: a parent of it is a file, not a folder: "
+                          "choose another --out") from err
+    except OSError as err:
+        raise EntmtpError(f"cannot use {what} {folder}: {err.strerror}: choose another "
+                          "--out") from err
+    if not stat.S_ISDIR(info.st_mode):
+        raise EntmtpError(f"{what} {folder} is a file or a link, not a folder: choose another "
+                          "--out")
+
+
 # --engine and --graphs of every command that decodes or times steps (latency, bench, validate,
 # decode, calibrate's latency stage), declared once.
 ENGINES = ("auto", "static", "eager")

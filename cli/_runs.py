@@ -34,6 +34,8 @@ from entmtp.treesearch._atomic import (
 from entmtp.treesearch._readers import read_json, require
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 
+from ._model_setup import check_output_folder
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -93,9 +95,7 @@ def check_run_outputs(run: RunDir) -> None:
     """Refuse, before anything is written, a run folder that is a link or a file, or whose
     stage files are folders, links or devices. (A read-only stage file is refused only when its
     stage is to be written again: a finished read-only run is still reused.)"""
-    if run.root.is_symlink() or (run.root.exists() and not run.root.is_dir()):
-        raise EntmtpError(f"run folder {run.root} is a file or a link, not a folder: choose "
-                          "another --out")
+    check_output_folder(run.root, what="run folder")
     for path in (run.record, run.profile, run.latency, run.front, run.acceptance, run.bundle,
                  run.report):
         check_writable_target(path, replace_read_only=True)

@@ -347,3 +347,37 @@ def test_decode_refuses_a_prompt_longer_than_the_context(demo_run, tiny_model_di
                       mentions=("context", "--max-new-tokens", "--prompt"))
     assert_user_error([*args, "--prompt", "a" * 500, "--max-new-tokens", "64"], tmp_path,
                       mentions=("context",))
+
+
+# -- output folders -------------------------------------------------------------------------
+BAD_FOLDERS: dict[str, Callable[[Path], Path]] = {
+    "a-file": lambda p: (p.write_text("x"), p)[1],
+    "a-symlink-to-a-folder": lambda p: ((p.parent / "real").mkdir(),
+                                        p.symlink_to(p.parent / "real"), p)[2],
+    "a-dangling-symlink": lambda p: (p.symlink_to(p.parent / "nowhere"), p)[1],
+    "a-symlink-loop": lambda p: (p.symlink_to(p), p)[1],
+    "a-pipe": _fifo,
+    "a-device-node": char_device,
+    "under-a-file": lambda p: ((p.parent / "afile").write_text("x"), p.parent / "afile" / "o")[1],
+}
+
+# folder writer -> argv builder(folder, demo run copy, tmp); the model ones name no model
+FOLDER_WRITERS: dict[str, Callable[[Path, Path, Path], list[str]]] = {
+    "demo --out": lambda o, r, t: ["demo", "--out", str(o), "--schedule-trials", "2"],
+    "retarget --out": lambda o, r, t: ["retarget", str(r), "--latency", str(r / "latency.json"),
+                                       "--out", str(o)],
+    "calibrate --out": lambda o, r, t: ["calibrate", "--model", str(t / "no-model"), "--heads",
+                                        str(r), "--data", str(_prompts(t)), "--split", "all",
+                                        "--latency", str(r / "latency.json"), "--out", str(o)],
+    "heads data --out": lambda o, r, t: ["heads", "data", "--model", str(t / "no-model"),
+                                         "--data", str(_prompts(t)), "--out", str(o)],
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FOLDERS))
+@pytest.mark.parametrize("writer", list(FOLDER_WRITERS))
+def test_bad_output_folder_is_refused_first(demo_run, tmp_path, writer, kind):
+    run = _copy(demo_run, tmp_path)
+    out = BAD_FOLDERS[kind](tmp_path / "out")
+    message = assert_user_error(FOLDER_WRITERS[writer](out, run, tmp_path), tmp_path)
+    assert "no-model" not in message  # refused before any model was looked for
