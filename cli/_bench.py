@@ -31,6 +31,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from entmtp.treesearch import Bundle, EntmtpError, Profile, oracle_replay, replay
+from entmtp.treesearch._atomic import all_or_none
 
 from ._errors import user_errors
 from ._live import (
@@ -745,11 +746,12 @@ def bench(
         # kept for one-bundle readers of earlier reports: predictions[type]["oracle"] otherwise
         "oracle": oracles[0] if len(oracles) == 1 else None,
     }
-    write_json(json_path, report, console)
-    if plot is not None:
-        plotted = list(rows)
-        plotted += [{"name": f"{o['name']} (est.)", "measured": False,
-                     "tokens_per_second": o["estimated_measured_tokens_per_second"]}
-                    for o in oracles if "estimated_measured_tokens_per_second" in o]
-        plot_bench(plotted, plot, title=title)
-        console.print(f"wrote {plot}")
+    with all_or_none():  # --json and --plot, or neither
+        write_json(json_path, report, console)
+        if plot is not None:
+            plotted = list(rows)
+            plotted += [{"name": f"{o['name']} (est.)", "measured": False,
+                         "tokens_per_second": o["estimated_measured_tokens_per_second"]}
+                        for o in oracles if "estimated_measured_tokens_per_second" in o]
+            plot_bench(plotted, plot, title=title)
+            console.print(f"wrote {plot}")

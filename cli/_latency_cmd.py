@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 
 from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
-from entmtp.treesearch._atomic import atomic_write
+from entmtp.treesearch._atomic import all_or_none, atomic_write
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -379,7 +379,11 @@ def latency(
             engine=engine, graphs=graphs,
         )
     check_latency_model(measured, strict=strict, source="latency measurement")
-    measured.save(out)
+    with all_or_none():  # --out and --plot, or neither
+        measured.save(out)
+        if plot is not None:
+            models = _plot_models({default_label(measured, "measured"): measured}, list(compare))
+            plot_latency_curves(models, plot)
     hw = measured.hardware
     largest = measured.nodes[-1]
     console.print(f"{hw['device_name']} ({hw['dtype']}), {hw['model']}: "
@@ -400,8 +404,6 @@ def latency(
                       + ", ".join(f"{ms:.2f}" for ms in measured.fused_empty_ms_by_depth) + " ms")
     console.print(f"wrote {out}")
     if plot is not None:
-        models = _plot_models({default_label(measured, "measured"): measured}, list(compare))
-        plot_latency_curves(models, plot)
         console.print(f"wrote {plot}")
 
 

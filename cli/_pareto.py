@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
+from entmtp.treesearch._atomic import all_or_none
 from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors
@@ -79,32 +80,34 @@ def pareto(
         f"{front['best_static']['replayed']['tokens_per_second']:.2f} vs oracle "
         f"{front['oracle']['replayed']['tokens_per_second']:.2f}"
     )
-    if plot is not None:
-        points = [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]
-        series = [{"label": "all positions", "points": points}]
-        for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
-            series.append({"label": f"bucket {i}: {_bucket_label(edges, i)}",
-                           "points": [(c["latency_ms"], c["expected_accept_length"])
-                                      for c in bucket_front]})
-        references = [{"label": r["name"], "latency_ms": r["latency_ms"],
-                       "expected_accept_length": r["expected_accept_length"]}
-                      for r in front.get("references", [])]
-        chosen = []
-        if run.bundle.exists():
-            bundle = load_bundle(run.bundle)
-            for i, (tree, stats) in enumerate(zip(bundle.trees, bundle.tree_stats, strict=True)):
-                label = f"chosen tree {i} ({tree.num_nodes} nodes, on its positions)"
-                chosen.append({"label": label,
-                               "latency_ms": stats.latency_ms,
-                               "expected_accept_length": stats.expected_accept_length})
-        plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
-                    references=references, chosen=chosen)
-        console.print(f"wrote {plot}")
-    if acceptance_plot is not None and acc is not None:
-        top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
-        plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
-                               title=f"head top-1 acceptance vs entropy, task {task}")
-        console.print(f"wrote {acceptance_plot}")
+    with all_or_none():  # both plots, or neither
+        if plot is not None:
+            points = [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]
+            series = [{"label": "all positions", "points": points}]
+            for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
+                series.append({"label": f"bucket {i}: {_bucket_label(edges, i)}",
+                               "points": [(c["latency_ms"], c["expected_accept_length"])
+                                          for c in bucket_front]})
+            references = [{"label": r["name"], "latency_ms": r["latency_ms"],
+                           "expected_accept_length": r["expected_accept_length"]}
+                          for r in front.get("references", [])]
+            chosen = []
+            if run.bundle.exists():
+                bundle = load_bundle(run.bundle)
+                pairs = zip(bundle.trees, bundle.tree_stats, strict=True)
+                for i, (tree, stats) in enumerate(pairs):
+                    label = f"chosen tree {i} ({tree.num_nodes} nodes, on its positions)"
+                    chosen.append({"label": label,
+                                   "latency_ms": stats.latency_ms,
+                                   "expected_accept_length": stats.expected_accept_length})
+            plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
+                        references=references, chosen=chosen)
+            console.print(f"wrote {plot}")
+        if acceptance_plot is not None and acc is not None:
+            top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
+            plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
+                                   title=f"head top-1 acceptance vs entropy, task {task}")
+            console.print(f"wrote {acceptance_plot}")
 
 
 @app.command("show-tree")

@@ -137,6 +137,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             os.fsync(handle.fileno())
         # mkstemp creates 0600; give the file the permissions a plain open() would have.
         os.chmod(tmp_name, 0o666 & ~_current_umask())
+        pending = _PENDING.get()
+        if pending is not None:  # inside all_or_none(): renamed with the others at its end
+            pending.append((tmp_name, target, created))
+            return target
         os.replace(tmp_name, target)
     except BaseException as err:
         try:
@@ -149,6 +153,49 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             raise EntmtpError(f"cannot write {target}: {err.strerror or err}: {fix}") from err
         raise
     return target
+
+
+# The writes of an open all_or_none() block: (temp file, target, folders that write created).
+_PENDING: contextvars.ContextVar[list[tuple[str, Path, list[Path]]] | None] = (
+    contextvars.ContextVar("entmtp_pending_renames", default=None))
+
+
+@contextlib.contextmanager
+def all_or_none() -> Iterator[None]:
+    """The outputs written inside the block appear together at its end, or none of them does:
+    each is written and synced to its temp file as usual, and the renames wait until the block
+    has finished. (Renames need no space, so a full disk fails before the first of them; if a
+    rename fails all the same, the new files renamed before it are removed again, while a file
+    that one of them replaced cannot come back.)"""
+    pending: list[tuple[str, Path, list[Path]]] = []
+    token = _PENDING.set(pending)
+    try:
+        yield
+        _PENDING.reset(token)
+        token = None
+        renamed_new: list[tuple[str, Path, list[Path]]] = []
+        for i, (tmp_name, target, created) in enumerate(pending):
+            existed = os.path.lexists(target)
+            try:
+                os.replace(tmp_name, target)
+            except OSError as err:
+                for _, path, _ in renamed_new:
+                    path.unlink(missing_ok=True)
+                pending = renamed_new + pending[i:]  # their folders go once emptied below
+                raise EntmtpError(f"cannot write {target}: {err.strerror or err}: "
+                                  "choose another output path") from err
+            if not existed:
+                renamed_new.append((tmp_name, target, created))
+        pending = []
+    finally:
+        if token is not None:
+            _PENDING.reset(token)
+        for tmp_name, _, created in reversed(pending):  # not renamed: remove what they made
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
+            _remove_folders(created)
 
 
 def _current_umask() -> int:

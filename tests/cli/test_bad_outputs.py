@@ -262,3 +262,14 @@ def test_a_run_cut_short_by_the_disk_leaves_nothing(demo_run, tmp_path, monkeypa
     _fail_from(monkeypatch, failing, call)
     assert_user_error(RUN_MAKERS[maker](tmp_path / "new" / "run", run), tmp_path,
                       mentions=("no space left",))
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_two_plots_of_one_command_appear_together_or_not_at_all(demo_run, tmp_path, monkeypatch,
+                                                               failing):
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+    _fail_from(monkeypatch, failing, 2)  # the first plot is written, the second is not
+    new = tmp_path / "new"
+    assert_user_error(["pareto", str(run), "--no-buckets", "--plot", str(new / "f.png"),
+                       "--acceptance-plot", str(new / "a.png")], tmp_path,
+                      mentions=("no space left",))
