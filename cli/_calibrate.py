@@ -36,6 +36,7 @@ from ._runs import (
     RunDir,
     check_run_arguments,
     check_run_outputs,
+    missing_folders,
     record_run_arguments,
     search_stage,
     start_afresh,
@@ -231,7 +232,7 @@ def calibrate(
         open_storage(storage)  # fail now, not after the profile has been computed
     check_run_arguments(run, arguments, fresh=fresh)
     check_run_outputs(run)
-    made = not run.root.exists()
+    made = missing_folders(run.root)
     try:
         run.root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -248,8 +249,10 @@ def calibrate(
                                               study_name=f"entmtp-{task}"),
                       batch_size=batch_size, engine=engine, graphs=graphs)
     finally:
-        if made and run.root.is_dir() and not any(run.root.iterdir()):
-            run.root.rmdir()  # nothing was written: leave no empty folder
+        for folder in made:  # nothing was written: leave no empty folder
+            if not folder.is_dir() or any(folder.iterdir()):
+                break
+            folder.rmdir()
     if run.bundle.exists():
         console.print(f"wrote {run.bundle} and {run.report}")
 

@@ -79,16 +79,23 @@ class RunDir:
 def removed_on_failure(folder: Path) -> Iterator[None]:
     """If the block fails, remove ``folder`` and its parents that did not exist before it: a
     half-made run folder (a profile without a bundle) helps nobody (demo, retarget)."""
-    first_missing = None
-    probe = folder.absolute()
-    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
-        first_missing, probe = probe, probe.parent
+    missing = missing_folders(folder)
     try:
         yield
     except BaseException:
-        if first_missing is not None:
-            shutil.rmtree(first_missing, ignore_errors=True)
+        if missing:
+            shutil.rmtree(missing[-1], ignore_errors=True)
         raise
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist, deepest first."""
+    missing = []
+    probe = folder.absolute()
+    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
+        missing.append(probe)
+        probe = probe.parent
+    return missing
 
 
 def check_run_outputs(run: RunDir) -> None:

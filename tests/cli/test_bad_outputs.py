@@ -273,3 +273,18 @@ def test_two_plots_of_one_command_appear_together_or_not_at_all(demo_run, tmp_pa
     assert_user_error(["pareto", str(run), "--no-buckets", "--plot", str(new / "f.png"),
                        "--acceptance-plot", str(new / "a.png")], tmp_path,
                       mentions=("no space left",))
+
+
+def test_calibrate_on_a_full_disk_leaves_no_empty_folders(tiny_model_dir, tiny_medusa_dir,
+                                                          tmp_path, monkeypatch):
+    """Its first write fails: the run folder and the parents it made go again (a later failure
+    keeps the finished prompts for the resume)."""
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"id": "p0", "prompt": "def add(a, b):"}) + "\n")
+    latency = LatencyModel.cpu_like().save(tmp_path / "latency.json")
+    _fail_from(monkeypatch, "fsync", 1)
+    assert_user_error(["calibrate", "--model", str(tiny_model_dir), "--heads",
+                       str(tiny_medusa_dir), "--data", str(data), "--split", "all",
+                       "--prompts", "1", "--max-new-tokens", "4", "--latency", str(latency),
+                       "--schedule-trials", "2", "--out", str(tmp_path / "new" / "deeper" / "run")],
+                      tmp_path, mentions=("no space left",))
