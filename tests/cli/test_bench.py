@@ -318,8 +318,12 @@ def test_bundles_measured_with_other_thread_counts_need_threads(two, spy, tmp_pa
     torch.set_num_threads(2)  # the override wins over whatever torch runs with
     result = invoke([*args, "--threads", 1, "--json", out])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["threads"] == {"torch_threads": 1, "source": "--threads",
-                                                      "cpu": True}
+    report = json.loads(out.read_text())
+    assert report["threads"] == {"torch_threads": 1, "source": "--threads", "cpu": True}
+    # without --targets: the prediction checks, no verdicts
+    assert report["targets"] == {} and set(report["predictions"]) == {"medusa", "hydra"}
+    assert all(p["targets"] == {} for p in report["predictions"].values())
+    assert "PASS" not in result.output and "MISS" not in result.output
     assert spy.threads == [1]
     assert torch.get_num_threads() == 2
 
@@ -334,6 +338,22 @@ def test_without_a_bundle_torch_keeps_its_thread_count(two, spy, tmp_path):
     assert report["predictions"] == {} and report["oracle"] is None
     assert report["threads"] == {"torch_threads": 2, "source": "torch default", "cpu": True}
     assert spy.threads == [2]
+
+
+def test_a_bad_targets_file_is_a_one_line_error_before_any_decoding(two, spy, tmp_path):
+    args = [*bench_args(two), "--prompts", 1, "--max-new-tokens", 2, "--targets"]
+    assert_one_line_error(invoke([*args, tmp_path / "none.py"]), "--targets", "no such")
+    broken = tmp_path / "broken.py"
+    broken.write_text("TARGETS = (\n")
+    assert_one_line_error(invoke([*args, broken]), "--targets", "cannot load")
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    assert_one_line_error(invoke([*args, empty]), "--targets", "no TARGETS")
+    typo = tmp_path / "typo.py"
+    typo.write_text(TARGETS_FILE.read_text().replace('"fraction_of_oracle", "of oracle"',
+                                                     '"fraction_of_orcale", "of oracle"'))
+    assert_one_line_error(invoke([*args, typo]), "fraction_of_orcale", "not a field")
+    assert spy.threads == []
 
 
 def test_targets_are_the_issues_and_pass_as_stated():
