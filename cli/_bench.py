@@ -35,7 +35,7 @@ from entmtp.runtime._benchmark import (
     torch_threads,
 )
 from entmtp.runtime._prediction import OracleBound, PredictionCheck
-from entmtp.runtime._validation import run_side_by_side, runtime_report
+from entmtp.runtime._validation import RATE_DEFINITION, run_side_by_side, runtime_report
 from entmtp.treesearch import Bundle, EntmtpError
 
 from ._errors import user_errors
@@ -441,9 +441,7 @@ def bench(
         # after the runs: their graph captures included
         "runtime": runtime_report(decoders, base.model, engine=engine, graphs=graphs),
         "command": command_line(),
-        "rate_definition": "decode tokens (each output less the prefill's first token) over "
-                           "decoding-step time; mean accept length: decode tokens per step "
-                           "(as in the replay)",
+        "rate_definition": RATE_DEFINITION,
         "targets": {t.key: t.goal() for t in targets},
         "rows": rows,
         "predictions": predictions,

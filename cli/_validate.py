@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.runtime._validation import (
+    RATE_DEFINITION,
     EncodedPrompt,
     MethodRuns,
     autoregressive_method,
@@ -57,8 +58,6 @@ from ._model_setup import (
 from .app import app
 
 MAX_MISMATCHES_SHOWN = 10
-RATE_DEFINITION = ("decode tokens (each output less the prefill's first token) over decoding-step "
-                   "time; mean accept length: decode tokens per step (as in the replay)")
 
 
 def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: MethodRuns,

@@ -25,6 +25,9 @@ from entmtp.treesearch._tree import Tree
 # Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
 REFERENCE_TOPK = 10
 WARMUP_TOKENS = 4  # tokens of the unmeasured warm-up run of each method
+# What MethodRuns' rates count (the reports of validate and bench say it).
+RATE_DEFINITION = ("decode tokens (each output less the prefill's first token) over decoding-step "
+                   "time; mean accept length: decode tokens per step (as in the replay)")
 
 
 def ratio(a: float, b: float) -> float:
