@@ -160,12 +160,12 @@ def test_bits_and_nats_bundles_choose_the_same_trees_live_and_in_replay(estimato
     assert len({k for _, _, k in expected}) == 3  # every tree serves some steps
     for bundle in (nats, bits):
         assert _replay_steps(profile, bundle.schedule()) == expected
-        assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+        assert _live_steps(profile, BundleScheduler(bundle.schedule())) == expected
 
 
-def test_from_bundle_schedules_in_nats_and_reports_nats_estimates():
+def test_a_bundles_schedule_runs_in_nats_and_reports_nats_estimates():
     bits = _bundle("bits", [1.0, 2.0], EntropyEstimator.last())
-    scheduler = BundleScheduler.from_bundle(bits)
+    scheduler = BundleScheduler(bits.schedule())
     assert scheduler.schedule == bits.schedule() and scheduler.trees == TREES
     scheduler.observe([0.9])  # 0.9 nats = 1.30 bits: between the thresholds
     choice = scheduler.choose()
@@ -182,14 +182,14 @@ def test_equal_thresholds_never_choose_the_tree_between_them():
     expected = _walk(profile, reference)
     assert {k for _, _, k in expected} == {0, 2}
     assert _replay_steps(profile, bundle.schedule()) == expected
-    assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+    assert _live_steps(profile, BundleScheduler(bundle.schedule())) == expected
 
 
-def test_from_bundle_rejects_an_unknown_unit():
+def test_a_bundle_of_an_unknown_unit_has_no_schedule():
     bundle = _bundle("nats", [1.0, 2.0], EntropyEstimator.last())
     bundle.entropy = EntropyInfo("base_entropy", "bans", EntropyEstimator.last())
     with pytest.raises(EntmtpError, match="unit"):
-        BundleScheduler.from_bundle(bundle)
+        BundleScheduler(bundle.schedule())
 
 
 def _draft_profile(seed: int) -> Profile:
@@ -233,7 +233,7 @@ def test_draft_signal_bundle_chooses_the_replayed_trees():
     for bundle in (_bundle("nats", nats_thresholds, EntropyEstimator.last(), DRAFT_ENTROPY),
                    _bundle("bits", [t / math.log(2) for t in nats_thresholds],
                            EntropyEstimator.last(), DRAFT_ENTROPY)):
-        scheduler = BundleScheduler.from_bundle(bundle)
+        scheduler = BundleScheduler(bundle.schedule())
         assert scheduler.needs_draft_entropy
 
         def live(j: int, i: int, seen: list[float], scheduler=scheduler) -> int:
