@@ -469,4 +469,3 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         best_static=best_static,
         latency=latency,
     )
-

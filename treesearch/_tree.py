@@ -280,15 +280,6 @@ class Tree:
 
 
 def _per_depth_topk(topk: int | Sequence[int], depth: int) -> list[int]:
-    if isinstance(topk, (int, np.integer)):
-        if topk < 1:
-            raise EntmtpError(f"topk must be >= 1, got {topk}")
-        return [int(topk)] * depth
-    ks = [int(k) for k in topk]
-    if len(ks) < depth:
-        raise EntmtpError(
-            f"topk lists {len(ks)} heads but the tree has depth {depth}: give one top-k per head"
-        )
-    if any(k < 1 for k in ks):
-        raise EntmtpError(f"every head's topk must be >= 1, got {ks}")
-    return ks
+    """Top-k of heads 1..depth (or more), for a tree that ``check_fits(topk=topk)``."""
+    bound = _topk_bound(topk)
+    return [bound] * depth if isinstance(bound, int) else list(bound or ())
