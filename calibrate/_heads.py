@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 from ._row_gemm import project_rows, use_few_row_kernel
 

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from entmtp.treesearch._atomic import atomic_write_json
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_json
 
 from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from entmtp.treesearch._atomic import atomic_write
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 
 from ._cache_keyword import cache_keyword, returned_cache

@@ -21,8 +21,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from entmtp.core import atomic_write
 from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
-from entmtp.treesearch._atomic import atomic_write
 
 from ._errors import user_errors
 from ._model_setup import (

@@ -77,7 +77,7 @@ import torch
 
 from entmtp.calibrate._row_gemm import uses_few_row_kernel
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._latency import LatencyModel, LatencyPoint
 from entmtp.treesearch._tree import Tree
 

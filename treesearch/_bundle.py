@@ -24,8 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._atomic import atomic_write_text
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_text
+
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._readers import check_values, parse_json, read_bytes
