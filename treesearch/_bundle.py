@@ -36,7 +36,6 @@ from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
 BUNDLE_FORMAT_VERSION = 1
-HEAD_TYPES = ("medusa", "hydra")
 ENTROPY_UNITS = ("nats", "bits")
 _NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"
