@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
+from entmtp.core import atomic_write_json
 from entmtp.runtime._validation import EncodedPrompt, RunProgress
 from entmtp.treesearch import Bundle, EntmtpError, load_bundle
-from entmtp.treesearch._atomic import atomic_write_json
 
 from ._model_setup import (  # noqa: F401 - re-exported for the live commands
     HEAD_TYPES,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from entmtp.treesearch._bundle import HEAD_TYPES, Bundle
-from entmtp.treesearch._profile import Profile
+from entmtp.core import HEAD_TYPES
+from entmtp.treesearch import Bundle, Profile
 
 from ._paired import paired_ratio_interval
 from ._prediction import PredictionCheck, check_prediction

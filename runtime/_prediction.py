@@ -14,10 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from entmtp.treesearch._bundle import Bundle
-from entmtp.treesearch._profile import Profile
-from entmtp.treesearch._replay import ReplayResult, oracle_replay, replay
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import Bundle, Profile, ReplayResult, Tree, oracle_replay, replay
 
 from ._validation import (
     MethodRuns,

@@ -16,11 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from entmtp.treesearch._latency import LatencyModel
-from entmtp.treesearch._profile import Profile
-from entmtp.treesearch._replay import ReplayResult, replay
-from entmtp.treesearch._schedule import Schedule
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import LatencyModel, Profile, ReplayResult, Schedule, Tree, replay
 
 # Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
 REFERENCE_TOPK = 10
@@ -238,7 +234,7 @@ def tree_info(tree: Tree) -> dict[str, Any]:
 def reference_for_heads(name: str, num_heads: int) -> tuple[Tree, bool]:
     """A shipped reference tree cut to the heads' depth (deeper paths dropped), and whether a
     cut was needed."""
-    from entmtp.treesearch._run import reference_tree
+    from entmtp.treesearch import reference_tree
 
     tree = reference_tree(name)
     if tree.depth <= num_heads:
