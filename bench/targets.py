@@ -13,9 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from entmtp.runtime._benchmark import REFERENCE_TREE  # the reference rows' tree
 from entmtp.runtime._prediction import DRIFT_LIMIT
-
-REFERENCE_TREE = "mc_sim_7b_63"  # entmtp bench's reference rows: each head set with this tree
 
 
 @dataclass(frozen=True)
