@@ -48,13 +48,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from entmtp.treesearch._atomic import (
+from entmtp.core import HEAD_TYPES, EntmtpError
+from entmtp.core._atomic import (
     _make_folder,
     _remove_folders,
     check_writable_target,
     may_replace_read_only,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._readers import read_json
 
 from ._row_gemm import project_rows, use_few_row_kernel
@@ -63,7 +63,6 @@ HEADS_FORMAT = "entmtp-heads"
 HEADS_FORMAT_VERSION = 1
 HEADS_WEIGHTS = "heads.safetensors"
 HEADS_CONFIG = "config.json"
-HEAD_TYPES = ("medusa", "hydra")
 
 
 class ResBlock(nn.Module):

@@ -33,8 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.treesearch._atomic import atomic_write_json
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_json
 from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json, read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")

@@ -8,16 +8,10 @@ from pathlib import Path
 
 import typer
 
-from entmtp.treesearch import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError, dtype_name
 
-HEAD_TYPES = ("medusa", "hydra")
 # Heads trained for the default model, shipped as package data (see trees/heads/README.md).
 SHIPPED_HEADS = {"medusa": "smollm2-135m-medusa", "hydra": "smollm2-135m-hydra"}
-DTYPES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32",
-}
 
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,
@@ -28,7 +22,7 @@ DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the pre
                             "model's weights (loaded heads follow it).")
 
 # --force of every command that writes an output file or folder, declared once; the commands'
-# user_errors wrapper hands it to the one writer (treesearch/_atomic.replacing_read_only).
+# user_errors wrapper hands it to the one writer (core/_atomic.replacing_read_only).
 FORCE_OPTION = typer.Option(False, "--force", help="Replace output files that are read-only "
                             "(they are refused without it).")
 
@@ -36,7 +30,7 @@ FORCE_OPTION = typer.Option(False, "--force", help="Replace output files that ar
 def check_outputs(*paths: Path | None) -> None:
     """Refuse, before a command's first side effect, an output file the one writer would refuse
     (a folder, a link, a device, a read-only file without --force); None: an option not given."""
-    from entmtp.treesearch._atomic import check_writable_target
+    from entmtp.core._atomic import check_writable_target
 
     for path in paths:
         if path is not None:
@@ -88,10 +82,7 @@ def check_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
 
 def resolve_dtype_name(dtype: str) -> str:
     """``--dtype`` as torch's name (``bf16`` -> ``bfloat16``)."""
-    name = DTYPES.get(dtype.lower())
-    if name is None:
-        raise EntmtpError(f"--dtype {dtype!r}: use bf16, fp16 or fp32")
-    return name
+    return dtype_name(dtype, option="--dtype")
 
 
 def check_device(device: str) -> str:

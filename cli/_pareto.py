@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from entmtp.core._atomic import all_or_none
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
-from entmtp.treesearch._atomic import all_or_none
 from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import atomic_write
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write
+
 from ._readers import check_regular_file, parse_json, require, short
 
 PROFILE_FORMAT = "entmtp-profile"

@@ -51,7 +51,7 @@ def fake_gguf(tmp_path, monkeypatch):
     """A .gguf path whose dequantization is the tiny model (counted), cache under tmp_path."""
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
-    path.write_bytes(b"not really gguf")
+    path.write_bytes(b"GGUF but not really a model")  # the magic bytes, then nothing usable
     calls = []
 
     def dequantize(_path):

@@ -293,8 +293,8 @@ def test_save_heads_replaces_a_read_only_heads_folder_only_with_force(tiny_model
     from transformers import AutoModelForCausalLM
 
     from entmtp.calibrate._heads import load_heads, new_heads, save_heads
+    from entmtp.core._atomic import replacing_read_only
     from entmtp.treesearch import EntmtpError
-    from entmtp.treesearch._atomic import replacing_read_only
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     first = save_heads(new_heads(model, head_type="medusa", num_heads=2), tmp_path / "h",
