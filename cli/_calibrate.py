@@ -232,6 +232,13 @@ def calibrate(
         open_storage(storage)  # fail now, not after the profile has been computed
     check_run_arguments(run, arguments, fresh=fresh)
     check_run_outputs(run)
+    for option, value in (("--max-new-tokens", max_new_tokens), ("--topk", topk),
+                          ("--batch-size", batch_size)):
+        if value < 1:
+            raise EntmtpError(f"{option} must be at least 1, got {value}")
+    settings = SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
+                              schedule_trials=schedule_trials, seed=seed, storage=storage,
+                              validation_folds=validation_folds, study_name=f"entmtp-{task}")
     made = missing_folders(run.root)
     try:
         run.root.mkdir(parents=True, exist_ok=True)
@@ -242,12 +249,7 @@ def calibrate(
                       loader=functools.cache(lambda: load_model_and_heads(
                           model, heads, head_type, device=device, dtype=dtype)),
                       latency=latency, console=console, strict=strict,
-                      settings=SearchSettings(max_nodes=max_nodes, shape_trials=shape_trials,
-                                              schedule_trials=schedule_trials, seed=seed,
-                                              storage=storage,
-                                              validation_folds=validation_folds,
-                                              study_name=f"entmtp-{task}"),
-                      batch_size=batch_size, engine=engine, graphs=graphs)
+                      settings=settings, batch_size=batch_size, engine=engine, graphs=graphs)
     finally:
         for folder in made:  # nothing was written: leave no empty folder
             if not folder.is_dir() or any(folder.iterdir()):

@@ -253,6 +253,8 @@ def data_command(
         raise EntmtpError("give --task and/or --data: the prompts to make data from")
     if max_new_tokens < 1 or max_answer_tokens < 1:
         raise EntmtpError("--max-new-tokens and --max-answer-tokens must be at least 1")
+    if shard_size < 1 or generation_batch < 1:
+        raise EntmtpError("--shard-size and --generation-batch must be at least 1")
     check_output_folder(out, what="head-data folder")  # before the model loads
     from entmtp.calibrate._headdata import (
         DataItem,

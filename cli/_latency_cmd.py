@@ -22,6 +22,7 @@ from rich.console import Console
 from entmtp.core import HEAD_TYPES, SYNTHETIC_LABEL, atomic_write, hardware_label, hardware_slug
 from entmtp.core._atomic import all_or_none
 from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
+from entmtp.treesearch._latency import MAX_TREE_NODES
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -40,7 +41,8 @@ from .app import app
 
 
 # -- option parsing --------------------------------------------------------------------------
-def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[int, ...] | None:
+def parse_int_list(text: str | None, option: str, *, minimum: int = 0,
+                   maximum: int | None = None) -> tuple[int, ...] | None:
     """``"0,1,2,4"`` -> (0, 1, 2, 4); None stays None (the profiler's default)."""
     if text is None:
         return None
@@ -52,6 +54,8 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[
         ) from None
     if not values or min(values) < minimum:
         raise EntmtpError(f"{option} {text!r}: give comma-separated integers >= {minimum}")
+    if maximum is not None and max(values) > maximum:
+        raise EntmtpError(f"{option} {text!r}: give integers of at most {maximum}")
     return tuple(sorted(set(values)))
 
 
@@ -315,7 +319,7 @@ def latency(
         measured = measure_latency(
             model=model, heads=heads, head_type=head_type, num_heads=num_heads,
             random_weights=random_weights, dtype=dtype, device=device,
-            node_counts=parse_int_list(node_counts, "--node-counts"),
+            node_counts=parse_int_list(node_counts, "--node-counts", maximum=MAX_TREE_NODES),
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,

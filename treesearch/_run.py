@@ -56,6 +56,20 @@ class SearchSettings:
     study_name: str | None = None
     validation_folds: int = 3  # a switching schedule must beat the static tree out of sample
 
+    def __post_init__(self) -> None:
+        """Settings no search can run with, refused before any work (a run's options)."""
+        minimum = {"max_nodes": 1, "report_buckets": 1, "shape_trials": 0,
+                   "schedule_trials": 0, "max_buckets": 1, "max_candidates": 1, "seed": 0}
+        for name, least in minimum.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise EntmtpError(f"{name} (--{name.replace('_', '-')}) must be an integer of "
+                                  f"at least {least}, got {value!r}")
+        if self.validation_folds != 0 and not (isinstance(self.validation_folds, int)
+                                               and self.validation_folds >= 2):
+            raise EntmtpError(f"validation_folds must be 0 (off) or an integer >= 2, got "
+                              f"{self.validation_folds!r}")
+
 
 @dataclass
 class ReferenceResult:

@@ -22,3 +22,39 @@ def test_heads_train_bad_numbers_are_refused_before_loading(tmp_path, extra, opt
     assert_user_error(["heads", "train", "--type", "medusa", "--out", str(tmp_path / "heads"),
                        "--model", str(tmp_path / "no-such-model"), *extra], tmp_path,
                       mentions=(option,))
+
+
+@pytest.mark.parametrize("extra, option", [
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--topk", "0"], "--topk"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--max-nodes", "0"], "--max-nodes"),
+    (["--shape-trials", "-1"], "--shape-trials"),
+    (["--seed", "-1"], "--seed"),
+    (["--validation-folds", "1"], "validation_folds"),
+    (["--validation-folds", "-1"], "validation_folds"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_calibrate_bad_numbers_are_refused_before_loading(tmp_path, extra, option):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "def add(a, b):"}\n')
+    assert_user_error(["calibrate", "--out", str(tmp_path / "run"), "--data", str(data),
+                       "--split", "all", "--model", str(tmp_path / "no-such-model"),
+                       "--heads", str(tmp_path), *extra], tmp_path, mentions=(option,))
+
+
+@pytest.mark.parametrize("extra, option", [
+    (["--shard-size", "0"], "--shard-size"),
+    (["--generation-batch", "0"], "--generation-batch"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_heads_data_bad_numbers_are_refused_before_loading(tmp_path, extra, option):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "def add(a, b):"}\n')
+    assert_user_error(["heads", "data", "--out", str(tmp_path / "hd"), "--data", str(data),
+                       "--model", str(tmp_path / "no-such-model"), *extra], tmp_path,
+                      mentions=(option,))
+
+
+def test_latency_tree_larger_than_any_draft_tree_is_refused_before_loading(tmp_path):
+    assert_user_error(["latency", "--model", str(tmp_path / "no-such-model"), "--node-counts",
+                       "0,99999999", "--out", str(tmp_path / "l.json")], tmp_path,
+                      mentions=("--node-counts",))
