@@ -288,3 +288,18 @@ def test_calibrate_on_a_full_disk_leaves_no_empty_folders(tiny_model_dir, tiny_m
                        "--prompts", "1", "--max-new-tokens", "4", "--latency", str(latency),
                        "--schedule-trials", "2", "--out", str(tmp_path / "new" / "deeper" / "run")],
                       tmp_path, mentions=("no space left",))
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_an_interrupted_write_leaves_nothing(demo_run, tmp_path, monkeypatch, writer):
+    """Ctrl-C while the output is being synced: exit 130, no temp file, no new folder."""
+    run = Path(shutil.copytree(demo_run, tmp_path / "run"))
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    before = snapshot(tmp_path)
+    result = runner.invoke(app, WRITERS[writer](tmp_path / "new" / "out.png", run))
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    assert snapshot(tmp_path) == before
