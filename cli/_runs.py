@@ -27,7 +27,7 @@ from entmtp.treesearch import (
     save_bundle,
     search,
 )
-from entmtp.treesearch._readers import read_json, require
+from entmtp.treesearch._readers import read_json, read_text, require, short
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 
 from ._model_setup import check_output_folder
@@ -99,6 +99,7 @@ def check_run_outputs(run: RunDir) -> None:
     stage files are folders, links or devices. (A read-only stage file is refused only when its
     stage is to be written again: a finished read-only run is still reused.)"""
     check_output_folder(run.root, what="run folder")
+    check_output_folder(run.shards, what="folder of finished prompts")
     for path in (run.record, run.profile, run.latency, run.front, run.acceptance, run.bundle,
                  run.report):
         check_writable_target(path, replace_read_only=True)
@@ -223,8 +224,11 @@ def check_run_arguments(run: RunDir, arguments: dict, *, fresh: bool) -> None:
            "search files and start again")
     if run.record.exists() or run.record.is_symlink():
         source = f"run record {run.record}"
-        record = read_json(run.record, source=source,
-                           fix=f"delete it if {run.root} was made with this command's arguments")
+        record_fix = f"delete it if {run.root} was made with this command's arguments"
+        record = read_json(run.record, source=source, fix=record_fix)
+        if record.get("format") != RUN_RECORD_FORMAT:
+            raise EntmtpError(f"{source}: format {short(repr(record.get('format')))} is not "
+                              f"{RUN_RECORD_FORMAT!r}: {record_fix}")
         made_with = require(record, "arguments", dict, source=source, fix=fix)
     elif run.profile.exists():  # a run from before run.json: its profile says what made it
         meta = Profile.load(run.profile).meta
@@ -288,6 +292,8 @@ def search_stage(
             if reusable:
                 load_bundle(run.bundle)  # a finished stage must still be a valid bundle
                 load_acceptance(run)
+                if not read_text(run.report, source=f"report {run.report}").strip():
+                    raise EntmtpError(f"{run.report} is empty")
         except EntmtpError as err:  # a damaged file of this stage: do the stage again
             console.print(f"[dim]search: redoing the search ({err})[/dim]")
             reusable = False

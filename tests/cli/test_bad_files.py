@@ -272,3 +272,34 @@ def test_bad_data_file_is_one_line_error_before_anything_is_made(tiny_model_dir,
                        str(tiny_medusa_dir), "--data", str(data), "--split", "all",
                        "--prompts", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "run")],
                       tmp_path, mentions=("--data",))
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x00\x01binary", "\ufeff".encode("utf-16")],
+                         ids=["empty", "binary", "utf16"])
+def test_a_damaged_report_makes_the_search_stage_run_again(demo_run, tmp_path, damage):
+    run = _copy_run(demo_run, tmp_path)
+    good = (run / "report.md").read_bytes()
+    _write(run / "report.md", damage)
+    result = runner.invoke(app, ["demo", "--out", str(run), "--schedule-trials", "4"])
+    assert result.exit_code == 0, result.output
+    assert (run / "report.md").read_bytes() == good
+
+
+@pytest.mark.parametrize("record, word", [
+    ({"format": "something-else", "arguments": {}}, "format"),
+    ({"format": "entmtp-run", "arguments": []}, "arguments"),
+], ids=["other-format", "arguments-a-list"])
+def test_a_foreign_run_record_is_one_line(demo_run, tmp_path, record, word):
+    run = _copy_run(demo_run, tmp_path)
+    _write(run / "run.json", json.dumps(record).encode())
+    assert_user_error(["calibrate", "--out", str(run), "--task", "synthetic",
+                       "--schedule-trials", "2"], tmp_path, mentions=("run record", word))
+
+
+def test_a_run_whose_shards_folder_is_a_file_is_refused_first(demo_run, tmp_path):
+    run = _copy_run(demo_run, tmp_path)
+    (run / "profile.npz").unlink()
+    _write(run / "shards", b"not a folder")
+    assert_user_error(["calibrate", "--out", str(run), "--model", str(tmp_path / "no-model"),
+                       "--heads", str(tmp_path), "--task", "code", "--schedule-trials", "2"],
+                      tmp_path, mentions=("finished prompts",))
