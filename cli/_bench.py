@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from entmtp.calibrate import command_line
 from entmtp.treesearch import Bundle, EntmtpError, Profile, oracle_replay, replay
 
 from ._errors import user_errors
@@ -72,7 +73,6 @@ from ._model_setup import (
     check_engine,
 )
 from ._paired import paired_ratio_interval
-from ._runs import command_line
 from .app import app
 
 REFERENCE_TREE = "mc_sim_7b_63"

@@ -21,8 +21,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
-from entmtp.treesearch._atomic import atomic_write
+from entmtp.calibrate import check_latency_model, retarget_run, source_run
+from entmtp.treesearch import EntmtpError, LatencyModel, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -34,7 +34,7 @@ from ._model_setup import (
     check_engine,
     resolve_dtype_name,
 )
-from ._runs import RunDir, load_front, search_stage
+from ._progress import ConsoleReporter, warn
 from .app import app
 
 SYNTHETIC_LABEL = "synthetic, not measured"
@@ -143,25 +143,6 @@ def default_label(model: LatencyModel, fallback: str) -> str:
 
 
 # -- the checks -------------------------------------------------------------------------------
-REMEASURE_HINT = ("to re-measure on a quiet machine: entmtp latency --random-weights --device ... "
-                  "--out FILE, then entmtp retarget RUN_DIR --latency FILE")
-
-
-def check_latency_model(model: LatencyModel, *, strict: bool, source: str) -> None:
-    """Each failed check of ``model`` (``LatencyModel.warnings``) as a warning on stderr, or,
-    under ``strict``, a one-line refusal (nothing is written)."""
-    warnings = model.warnings
-    if not warnings:
-        return
-    if strict:
-        raise EntmtpError(f"{source} fails {len(warnings)} latency check(s) (--strict): "
-                          f"{warnings[0]}; {REMEASURE_HINT}")
-    for warning in warnings:
-        typer.echo(f"entmtp: warning: {source}: {warning}", err=True)
-    typer.echo(f"entmtp: warning: {source}: the searched trees may follow noise; "
-               f"{REMEASURE_HINT}", err=True)
-
-
 def spread_line(model: LatencyModel) -> str:
     """The measurement's noise in one line (treesearch._latency's module doc defines it)."""
     spread = model.relative_spread()
@@ -372,7 +353,8 @@ def latency(
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
             engine=engine, graphs=graphs,
         )
-    check_latency_model(measured, strict=strict, source="latency measurement")
+    for warning in check_latency_model(measured, strict=strict, source="latency measurement"):
+        warn(warning)
     measured.save(out)
     hw = measured.hardware
     largest = measured.nodes[-1]
@@ -423,75 +405,6 @@ def plot_latency(
 
 
 # -- entmtp retarget --------------------------------------------------------------------------
-def source_run(source: Path) -> RunDir:
-    """The run folder of RUN_DIR or RUN_DIR/bundle.json; a bare bundle has no profile."""
-    if source.is_file():
-        run = RunDir(source.parent)
-        if not run.profile.is_file() or not run.front.is_file():
-            raise EntmtpError(f"{source} is a bare bundle: retarget needs the run folder it came "
-                              "from (profile.npz + front.json); re-run `entmtp calibrate "
-                              "--latency FILE` to search for other hardware")
-        return run
-    if not source.is_dir():
-        raise EntmtpError(f"{source} does not exist: pass a run folder written by entmtp "
-                          "calibrate (or its bundle.json)")
-    run = RunDir(source)
-    if not run.profile.is_file():
-        raise EntmtpError(f"{source} has no profile.npz: retarget re-searches a calibration run's "
-                          "profile; run `entmtp calibrate --out {source}` first")
-    return run
-
-
-def run_settings(front: Mapping[str, Any], run: RunDir) -> SearchSettings:
-    settings = front.get("settings")
-    if not isinstance(settings, dict):
-        raise EntmtpError(f"{run.front} records no search settings: re-run the search "
-                          f"(entmtp calibrate --out {run.root}) before retargeting")
-    try:
-        return SearchSettings(**settings)
-    except TypeError as err:
-        raise EntmtpError(f"{run.front} has search settings this entmtp does not know ({err}): "
-                          "re-run the search with this version") from err
-
-
-def retarget_run(
-    source: Path, latency_file: Path, *, out: Path | None = None, console: Console | None = None,
-    validation_folds: int | None = None, max_nodes: int | None = None,
-) -> RunDir:
-    """A copy of ``source``'s profile searched again under ``latency_file``: a new run folder
-    with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
-    ``validation_folds`` and ``max_nodes``: None keeps the source run's setting."""
-    console = console or Console()
-    run = source_run(source)
-    front = load_front(run)
-    settings = run_settings(front, run)
-    if validation_folds is not None:
-        settings = replace(settings, validation_folds=validation_folds)
-    if max_nodes is not None:
-        if max_nodes < 1:
-            raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
-        settings = replace(settings, max_nodes=max_nodes)
-    target_latency = LatencyModel.load(latency_file)
-    check_latency_model(target_latency, strict=False, source=str(latency_file))
-    slug = hardware_slug(target_latency.hardware)
-    target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
-    if target.root.resolve() == run.root.resolve():
-        raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")
-    if settings.storage is not None:  # a shared Optuna study must not mix two latency models
-        settings = replace(settings, study_name=f"{settings.study_name or 'entmtp'}-{slug}")
-    profile_bytes = run.profile.read_bytes()
-    unchanged = (
-        target.profile.is_file() and target.profile.read_bytes() == profile_bytes
-        and target.latency.is_file()
-        and LatencyModel.load(target.latency).to_json() == target_latency.to_json()
-    )
-    if not unchanged:
-        atomic_write(target.profile, lambda handle: handle.write(profile_bytes))
-        target_latency.save(target.latency)
-    search_stage(target, settings, console=console, task=str(front.get("task") or "custom"))
-    return target
-
-
 @app.command()
 @user_errors
 def retarget(
@@ -512,8 +425,9 @@ def retarget(
     Example: entmtp retarget runs/code-medusa --latency trees/latency/h200.json
     """
     console = Console()
-    target = retarget_run(source, latency_file, out=out, console=console,
-                          validation_folds=validation_folds, max_nodes=max_nodes)
+    with ConsoleReporter(console) as reporter:
+        target = retarget_run(source, latency_file, out=out, progress=reporter,
+                              validation_folds=validation_folds, max_nodes=max_nodes)
     source_bundle = source_run(source).bundle
     before = load_bundle(source_bundle) if source_bundle.is_file() else None
     after = load_bundle(target.bundle)

@@ -215,7 +215,7 @@ def run_side_by_side(
     """Every method on every prompt, interleaved: prompt ``p`` runs the methods in an order
     rotated by ``p``, so drift in machine load spreads over all methods. Each method first
     decodes a few tokens unmeasured (warm-up: lazy initialisation, plan caches)."""
-    from ._calibrate import progress_bar
+    from ._progress import progress_bar
     runs = [MethodRuns(m) for m in methods]
     if not prompts:
         return runs
