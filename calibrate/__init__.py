@@ -11,6 +11,7 @@ _EXPORTS = {
     "BaseModel": "._model",
     "load_base_model": "._model",
     "model_fingerprint": "._model",
+    "resolve_dtype": "._model",
     "TASKS": "._tasks",
     "TaskPrompt": "._tasks",
     "load_prompts": "._tasks",
@@ -27,9 +28,7 @@ _EXPORTS = {
     "save_heads": "._heads",
     "train_heads": "._train",
     # the model and heads a command names, checked before the slow load
-    "DTYPES": "._loading",
     "ENGINES": "._loading",
-    "HEAD_TYPES": "._loading",
     "SHIPPED_HEADS": "._loading",
     "check_device": "._loading",
     "check_device_and_dtype": "._loading",
@@ -42,6 +41,10 @@ _EXPORTS = {
     "resolve_dtype_name": "._loading",
     "resolve_heads": "._loading",
     "shipped_heads_path": "._loading",
+    # entmtp latency's measurement
+    "describe_hardware": "._measure",
+    "load_for_latency": "._measure",
+    "measure_latency": "._measure",
     # the run folder
     "RunDir": "._rundir",
     "check_front": "._rundir",

@@ -22,8 +22,14 @@ from importlib.metadata import version as _package_version
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from entmtp.treesearch import (
+from entmtp.core import (
     EntmtpError,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    hardware_slug,
+)
+from entmtp.treesearch import (
     LatencyModel,
     Profile,
     SearchSettings,
@@ -34,7 +40,6 @@ from entmtp.treesearch import (
     search,
     synthetic_profile,
 )
-from entmtp.treesearch._atomic import atomic_write, atomic_write_json, atomic_write_text
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 from entmtp.treesearch._storage import open_storage
 
@@ -406,8 +411,6 @@ def retarget_run(
     """A copy of ``source``'s profile searched again under ``latency_file``: a new run folder
     with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
     ``validation_folds`` and ``max_nodes``: None keeps the source run's setting."""
-    from ._hardware import hardware_slug
-
     run = source_run(source)
     front = load_front(run)
     settings = run_settings(front, run)

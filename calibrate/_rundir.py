@@ -9,8 +9,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.treesearch import AcceptanceTable, EntmtpError, Profile
-from entmtp.treesearch._atomic import atomic_write_json
+from entmtp.core import EntmtpError, atomic_write_json
+from entmtp.treesearch import AcceptanceTable, Profile
 from entmtp.treesearch._readers import read_json, require
 
 

@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from entmtp.treesearch._atomic import atomic_write
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write
 
 from ._cache_keyword import cache_keyword, returned_cache
 from ._heads import DraftHeads, _unwrap_base

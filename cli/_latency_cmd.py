@@ -9,20 +9,16 @@ hardware without profiling again.
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
-import re
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 
-from entmtp.calibrate import check_latency_model, retarget_run, source_run
-from entmtp.treesearch import EntmtpError, LatencyModel, load_bundle
+from entmtp.calibrate import check_latency_model, measure_latency, retarget_run, source_run
+from entmtp.core import SYNTHETIC_LABEL, EntmtpError, hardware_label
+from entmtp.treesearch import LatencyModel, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -30,14 +26,10 @@ from ._model_setup import (
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
-    check_device,
     check_engine,
-    resolve_dtype_name,
 )
 from ._progress import ConsoleReporter, warn
 from .app import app
-
-SYNTHETIC_LABEL = "synthetic, not measured"
 
 
 # -- option parsing --------------------------------------------------------------------------
@@ -56,61 +48,7 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[
     return tuple(sorted(set(values)))
 
 
-# -- hardware description --------------------------------------------------------------------
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return cpu_name()
-
-
-def describe_hardware(
-    *, device: str, dtype: str, model_name: str, random_weights: bool, head_type: str,
-    num_heads: int,
-) -> dict[str, Any]:
-    """What a latency model (and each bundle searched with it) records about where it was
-    measured."""
-    import torch
-    import transformers
-
-    return {
-        "kind": "measured",
-        "device": device.split(":")[0],
-        "device_name": device_name(device),
-        "dtype": dtype,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "model": model_name,
-        "random_weights": random_weights,
-        "head_type": head_type,
-        "num_heads": num_heads,
-        "measured_on": datetime.date.today().isoformat(),
-    }
-
-
-def hardware_slug(hardware: Mapping[str, Any]) -> str:
-    """A folder-name tag for a latency model: ``nvidia-h200-bfloat16``, ``synthetic-gpu``."""
-    parts = [str(hardware.get("device_name") or hardware.get("kind") or "")]
-    if hardware.get("dtype"):
-        parts.append(str(hardware["dtype"]))
-    slug = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")[:60].strip("-")
-    return slug or "retargeted"
-
-
+# -- labels ---------------------------------------------------------------------------------
 def _is_synthetic(model: LatencyModel) -> bool:
     return str(model.hardware.get("kind", "")).startswith("synthetic")
 
@@ -119,20 +57,6 @@ def curve_label(name: str, model: LatencyModel) -> str:
     if _is_synthetic(model) and SYNTHETIC_LABEL not in name:
         return f"{name} ({SYNTHETIC_LABEL})"
     return name
-
-
-def hardware_label(hw: Mapping[str, Any], fallback: str) -> str:
-    """``NVIDIA H200, bfloat16, SmolLM2-...``; synthetic models say that they are synthetic."""
-    if str(hw.get("kind", "")).startswith("synthetic"):
-        return f"{hw['kind']} ({SYNTHETIC_LABEL})"
-    pieces = [str(hw.get("device_name") or fallback)]
-    if hw.get("dtype"):
-        pieces.append(str(hw["dtype"]))
-    if hw.get("device") == "cpu" and hw.get("torch_threads"):
-        pieces.append(f"{hw['torch_threads']} thread{'s' if hw['torch_threads'] != 1 else ''}")
-    if hw.get("model"):
-        pieces.append(str(hw["model"]))
-    return ", ".join(pieces)
 
 
 def default_label(model: LatencyModel, fallback: str) -> str:
@@ -219,86 +143,6 @@ def _plot_models(measured: Mapping[str, LatencyModel], compare: list[Path]) -> d
 
 
 # -- entmtp latency ---------------------------------------------------------------------------
-def load_for_latency(
-    *, model: str | None, heads: str | None, head_type: str, num_heads: int,
-    random_weights: bool, dtype: str, device: str, seed: int,
-) -> tuple[Any, Any, str]:
-    """(causal LM, draft heads, model name) on ``device`` in ``dtype``."""
-    if random_weights:
-        from entmtp.calibrate._heads import load_heads, new_heads
-        from entmtp.calibrate._random_model import random_model
-
-        from ._model_setup import HEAD_TYPES
-
-        if head_type not in HEAD_TYPES:
-            raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-        built = random_model(model, dtype=dtype, device=device, seed=seed)
-        if heads is not None:  # the heads' own shapes; their weights are as good as random here
-            draft = load_heads(Path(heads).expanduser(), built.model)
-        else:
-            draft = new_heads(built.model, head_type=head_type, num_heads=num_heads, seed=seed)
-        return built.model, draft, built.name
-    from ._model_setup import load_model_and_heads
-
-    base, draft = load_model_and_heads(model, heads, head_type, device=device, dtype=dtype)
-    return base.model, draft, base.name
-
-
-def measure_latency(
-    *, model: str | None = None, heads: str | None = None, head_type: str = "medusa",
-    num_heads: int = 4, random_weights: bool = False, dtype: str = "fp32", device: str = "cpu",
-    node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
-    context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
-    warmup: int | None = None, seed: int = 0, threads: int | None = None,
-    remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
-) -> LatencyModel:
-    """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
-
-    ``threads``: torch's intra-op CPU threads (None: torch's default). ``engine`` / ``graphs``:
-    the runtime whose steps are timed (``profile_latency``).
-    """
-    dtype_name = resolve_dtype_name(dtype)
-    device = check_device(device)
-    if num_heads < 1:
-        raise EntmtpError(f"--num-heads {num_heads}: give at least 1")
-    if repeats is not None and repeats < 1:
-        raise EntmtpError(f"--repeats {repeats}: give at least 1")
-    if warmup is not None and warmup < 0:
-        raise EntmtpError(f"--warmup {warmup}: give 0 or more")
-    if depths is not None and min(depths) < 1:
-        raise EntmtpError("--depths: a tree has depth 1 or more")
-    if context_lengths is not None and min(context_lengths) < 1:
-        raise EntmtpError("--context-lengths: give lengths of 1 token or more")
-    if threads is not None and threads < 1:
-        raise EntmtpError(f"--threads {threads}: give at least 1")
-    if remeasure is not None and remeasure < 0:
-        raise EntmtpError(f"--remeasure {remeasure}: give 0 or more")
-    import torch
-
-    from entmtp.runtime._latency_profile import profile_latency
-
-    previous_threads = torch.get_num_threads()
-    try:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        base, draft, name = load_for_latency(
-            model=model, heads=heads, head_type=head_type, num_heads=num_heads,
-            random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
-        )
-        options = {"node_counts": node_counts, "depths": depths,
-                   "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
-                   "remeasure": remeasure}
-        measured = profile_latency(base, draft, engine=engine, graphs=graphs,
-                                   **{k: v for k, v in options.items() if v is not None})
-        hardware = describe_hardware(
-            device=device, dtype=dtype_name, model_name=name, random_weights=random_weights,
-            head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
-        )
-    finally:
-        torch.set_num_threads(previous_threads)
-    return replace(measured, hardware={**measured.hardware, **hardware})
-
-
 @app.command()
 @user_errors
 def latency(

@@ -6,9 +6,7 @@ from __future__ import annotations
 import typer
 
 from entmtp.calibrate import (  # noqa: F401 - the commands' names for the library's loading
-    DTYPES,
     ENGINES,
-    HEAD_TYPES,
     SHIPPED_HEADS,
     check_device,
     check_device_and_dtype,
@@ -21,6 +19,7 @@ from entmtp.calibrate import (  # noqa: F401 - the commands' names for the libra
     resolve_heads,
     shipped_heads_path,
 )
+from entmtp.core import HEAD_TYPES  # noqa: F401 - the commands' name for it
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,
 # validate, bench, decode).

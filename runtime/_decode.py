@@ -54,7 +54,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base

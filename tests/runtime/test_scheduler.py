@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._bundle import (
     Bundle,
@@ -18,7 +19,6 @@ from entmtp.treesearch._bundle import (
     Predicted,
     TreeStats,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace

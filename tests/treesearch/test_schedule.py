@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._schedule import Schedule, as_schedule
 from entmtp.treesearch._tree import Tree
