@@ -109,6 +109,21 @@ def test_demo_run_reports_and_prints_nothing(tmp_path, capfd):
     assert capfd.readouterr() == ("", "")
 
 
+def test_retarget_run_searches_the_same_profile_under_the_given_latency(tmp_path, capfd):
+    from entmtp.calibrate import retarget_run
+
+    source = demo_run(tmp_path / "demo", schedule_trials=3)
+    gpu = LatencyModel.gpu_like().save(tmp_path / "gpu.json")
+    events: list[Event] = []
+    target = retarget_run(source.root, gpu, progress=events.append)
+    assert target.root == tmp_path / "demo-synthetic-gpu"
+    assert target.profile.read_bytes() == source.profile.read_bytes()
+    assert LatencyModel.load(target.latency) == LatencyModel.gpu_like()
+    assert load_bundle(target.bundle).hardware == LatencyModel.gpu_like().hardware
+    assert _kinds(events) == [("search", "begin"), ("search", "end")]
+    assert capfd.readouterr() == ("", "")
+
+
 def test_the_console_reporter_stops_its_display_when_a_stage_fails():
     from entmtp.cli._progress import ConsoleReporter
 
