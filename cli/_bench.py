@@ -74,6 +74,7 @@ from ._model_setup import (
     check_device_and_dtype,
     check_engine,
     split_option,
+    task_option,
 )
 from ._paired import paired_ratio_interval
 from .app import app
@@ -644,8 +645,7 @@ def plot_bench(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, title
 @app.command()
 @user_errors
 def bench(
-    task: str | None = typer.Option(None, "--task", help="code, chat, math or lit (default: "
-                                    "the bundles' task, else chat)."),
+    task: str | None = task_option(None, " (default: the bundles' task, else chat)"),
     data: str | None = DATA_OPTION,
     bundle_sources: list[Path] | None = typer.Option(
         None, "--bundle", help="A bundle.json or run folder (repeatable, one per head type): "

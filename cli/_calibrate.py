@@ -25,6 +25,7 @@ from ._model_setup import (
     SEED_OPTION,
     STRICT_OPTION,
     split_option,
+    task_option,
 )
 from ._progress import ConsoleReporter
 from .app import app
@@ -35,7 +36,7 @@ _DEFAULT = CalibrateArguments()
 @app.command()
 @user_errors
 def calibrate(
-    task: str = typer.Option(_DEFAULT.task, "--task", help="code, chat, math or lit."),
+    task: str = task_option(_DEFAULT.task),
     model: str | None = MODEL_OPTION,
     heads: str | None = HEADS_OPTION,
     head_type: str = HEAD_TYPE_OPTION,

@@ -52,6 +52,11 @@ BUNDLE_HEAD_TYPE_OPTION = typer.Option(None, "--head-type", help="medusa or hydr
 
 
 # The prompts a command runs the model on (calibrate, validate, bench).
+def task_option(default: str | None, default_note: str = ""):
+    """--task (calibrate: code; validate and bench: the bundle's task)."""
+    return typer.Option(default, "--task", help=f"code, chat, math or lit{default_note}.")
+
+
 DATA_OPTION = typer.Option(None, "--data", help="JSONL file with a 'prompt' field.")
 MAX_NEW_TOKENS_OPTION = typer.Option(128, "--max-new-tokens")
 

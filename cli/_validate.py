@@ -57,6 +57,7 @@ from ._model_setup import (
     MODEL_OPTION,
     check_engine,
     split_option,
+    task_option,
 )
 from .app import app
 
@@ -119,8 +120,7 @@ def validate(
     model: str | None = MODEL_OPTION,
     heads: str | None = BUNDLE_HEADS_OPTION,
     head_type: str | None = BUNDLE_HEAD_TYPE_OPTION,
-    task: str | None = typer.Option(None, "--task", help="code, chat, math or lit "
-                                    "(default: the bundle's task)."),
+    task: str | None = task_option(None, " (default: the bundle's task)"),
     data: str | None = DATA_OPTION,
     split: str = split_option("heldout"),
     prompts: int = typer.Option(8, "--prompts", help="Number of prompts to decode."),
