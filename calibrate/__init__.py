@@ -62,6 +62,8 @@ _EXPORTS = {
     "check_demo_folder": "._pipeline",
     "check_latency_model": "._pipeline",
     "command_line": "._pipeline",
+    "DEMO_LATENCIES": "._pipeline",
+    "DEMO_SCHEDULE_TRIALS": "._pipeline",
     "demo_run": "._pipeline",
     "latency_stage": "._pipeline",
     "profile_stage": "._pipeline",

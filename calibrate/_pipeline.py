@@ -444,10 +444,11 @@ def retarget_run(
 # -- entmtp demo ------------------------------------------------------------------------------
 SYNTHETIC_MODEL = "synthetic"  # the model name a demo profile carries
 DEMO_LATENCIES = ("cpu", "gpu")
+DEMO_SCHEDULE_TRIALS = 100
 
 
-def demo_run(out: Path, *, seed: int = 0, schedule_trials: int = 100, latency: str = "cpu",
-             progress: Progress = _ignore) -> RunDir:
+def demo_run(out: Path, *, seed: int = 0, schedule_trials: int = DEMO_SCHEDULE_TRIALS,
+             latency: str = DEMO_LATENCIES[0], progress: Progress = _ignore) -> RunDir:
     """The whole offline search on a synthetic regime-switching profile and a synthetic
     ``latency`` (cpu or gpu) model, into ``out``: a new folder or an earlier demo run."""
     if latency not in DEMO_LATENCIES:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from entmtp.calibrate import demo_run
+from entmtp.calibrate import DEMO_LATENCIES, DEMO_SCHEDULE_TRIALS, demo_run
 
 from ._errors import user_errors
 from ._model_setup import SEED_OPTION
@@ -20,8 +20,9 @@ from .app import app
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder to write."),
     seed: int = SEED_OPTION,
-    schedule_trials: int = typer.Option(100, "--schedule-trials"),
-    latency: str = typer.Option("cpu", "--latency", help="Synthetic latency: cpu or gpu."),
+    schedule_trials: int = typer.Option(DEMO_SCHEDULE_TRIALS, "--schedule-trials"),
+    latency: str = typer.Option(DEMO_LATENCIES[0], "--latency", help="Synthetic latency: cpu or "
+                                "gpu."),
 ) -> None:
     """Search trees and an entropy schedule on a synthetic regime-switching profile.
 
