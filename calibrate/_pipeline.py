@@ -388,7 +388,7 @@ def source_run(source: Path) -> RunDir:
     run = RunDir(source)
     if not run.profile.is_file():
         raise EntmtpError(f"{source} has no profile.npz: retarget re-searches a calibration run's "
-                          "profile; run `entmtp calibrate --out {source}` first")
+                          f"profile; run `entmtp calibrate --out {source}` first")
     return run
 
 
