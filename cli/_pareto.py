@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from entmtp.calibrate import RunDir, load_acceptance, load_front, search_stage
 from entmtp.core._atomic import all_or_none
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
 from entmtp.treesearch._readers import read_json
@@ -15,7 +16,7 @@ from entmtp.treesearch._readers import read_json
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION, check_outputs
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
-from ._runs import RunDir, load_acceptance, load_front, search_stage
+from ._progress import ConsoleReporter
 from .app import app
 
 
@@ -62,8 +63,9 @@ def pareto(
     if not run.front.exists() and run.profile.exists() and run.latency.exists():
         # A folder with only a profile and a latency model: run the search stage now.
         task = Profile.load(run.profile).meta.task or "custom"
-        search_stage(run, SearchSettings(schedule_trials=schedule_trials), console=console,
-                     task=task)
+        with ConsoleReporter(console) as reporter:
+            search_stage(run, SearchSettings(schedule_trials=schedule_trials),
+                         progress=reporter, task=task)
     front = load_front(run)
     acc = load_acceptance(run) if acceptance_plot is not None else None  # before any plot
     task = front.get("task", "?")

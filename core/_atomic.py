@@ -83,6 +83,26 @@ def check_writable_target(path: str | os.PathLike, *,
     return target
 
 
+def check_output_folder(folder: str | os.PathLike, *, what: str = "output folder") -> Path:
+    """Refuse, before a command's first side effect, an output folder that is a link, a file, a
+    device or under a file (absent or a real folder passes); returns it as a Path."""
+    folder = Path(folder)
+    try:
+        info = folder.lstat()
+    except FileNotFoundError:
+        return folder
+    except NotADirectoryError as err:
+        raise EntmtpError(f"cannot make {what} {folder}: a parent of it is a file, not a folder: "
+                          "choose another --out") from err
+    except OSError as err:
+        raise EntmtpError(f"cannot use {what} {folder}: {err.strerror}: choose another "
+                          "--out") from err
+    if not stat.S_ISDIR(info.st_mode):
+        raise EntmtpError(f"{what} {folder} is a file or a link, not a folder: choose another "
+                          "--out")
+    return folder
+
+
 def _make_folder(folder: Path) -> list[Path]:
     """Create ``folder`` and its missing parents; returns those created, deepest first."""
     missing = []

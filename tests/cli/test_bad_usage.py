@@ -166,7 +166,7 @@ def test_read_only_run_file_is_refused_unless_force(demo_run, tmp_path, writer):
 
 def test_calibrate_refuses_a_read_only_stage_file_before_loading_a_model(tmp_path):
     """A run with its profile and latency model: only the search stage is left to do."""
-    from entmtp.cli._runs import RunDir, record_run_arguments
+    from entmtp.calibrate._rundir import RunDir, record_run_arguments
     from entmtp.treesearch import LatencyModel, synthetic_profile
 
     run = RunDir(tmp_path / "run")
