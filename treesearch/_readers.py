@@ -139,7 +139,8 @@ def parse_json(text: str | bytes, *, source: str, fix: str = "",
     except RecursionError as err:
         raise EntmtpError(_join(f"{source}: JSON nested too deeply", fix)) from err
     except ValueError as err:  # an integer literal longer than Python converts (4300 digits)
-        what = ("an integer literal is too long (thousands of digits)" if "digits" in str(err)
+        what = ("not a valid file: an integer literal is too long (thousands of digits)"
+                if "digits" in str(err)
                 else f"not a valid file: {short(str(err))}")
         raise EntmtpError(_join(f"{source}: {what}", fix)) from err
     check_values(obj, source=source, fix=fix)
