@@ -353,10 +353,8 @@ def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
     """Where and when the rows were measured (the README's results table cites it)."""
     from entmtp.runtime._latency_profile import hardware_info
 
-    from ._latency_cmd import cpu_name
-
     info = hardware_info(model)
-    info.update(cpu_name=cpu_name(), torch_threads=torch_threads,
+    info.update(torch_threads=torch_threads,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     return info
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from rich.console import Console
 
+from entmtp.core import atomic_write_json
 from entmtp.treesearch import Bundle, EntmtpError, LatencyModel, Profile, load_bundle
-from entmtp.treesearch._atomic import atomic_write_json
 from entmtp.treesearch._profile import ProfileMeta, Trace
 from entmtp.treesearch._replay import ReplayResult
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY
 from entmtp.treesearch._tree import Tree
 

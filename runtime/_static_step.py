@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Drafter, MedusaDrafter, Prepared

@@ -25,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._atomic import atomic_write_text
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_text
+
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._readers import check_values, parse_json, read_bytes
@@ -37,7 +37,6 @@ from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
 BUNDLE_FORMAT_VERSION = 1
-HEAD_TYPES = ("medusa", "hydra")
 ENTROPY_UNITS = ("nats", "bits")
 _NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"

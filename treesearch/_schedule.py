@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._estimator import EntropyEstimator
 from ._tree import Tree
 

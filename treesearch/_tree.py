@@ -13,7 +13,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._readers import parse_json
 
 Path = tuple[int, ...]

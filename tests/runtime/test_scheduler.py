@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._bundle import (
     Bundle,
@@ -24,7 +25,6 @@ from entmtp.treesearch._bundle import (
     bundle_to_json,
     parse_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,
@@ -28,7 +29,6 @@ from entmtp.treesearch._bundle import (
     parse_bundle,
     save_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._schedule import Schedule

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._schedule import Schedule, as_schedule, check_thresholds
 from entmtp.treesearch._tree import Tree
