@@ -20,6 +20,8 @@ _EXPORTS = {
     "profile_prompts": "._profiler",
     "shard_prompts": "._profiler",
     "resolve_shard": "._profiler",
+    "greedy_generate": "._greedy",
+    "greedy_steps": "._greedy",
     "DraftHeads": "._heads",
     "MedusaHeads": "._heads",
     "HydraHeads": "._heads",

@@ -451,8 +451,6 @@ def bench(
         "targets": {t.key: t.goal() for t in targets},
         "rows": rows,
         "predictions": predictions,
-        # kept for one-bundle readers of earlier reports: predictions[type]["oracle"] otherwise
-        "oracle": predictions[arms[0].head_type]["oracle"] if len(arms) == 1 else None,
     }
     with all_or_none():  # --json and --plot, or neither
         write_json(json_path, report, console)
