@@ -43,6 +43,18 @@ at least ``MIN_SPREAD_ROUNDS`` (4) rounds, or its spread means nothing. A model 
 no measured spread (``points`` empty: files measured before the profiler kept it) is checked
 with zero noise and says so.
 
+**Padded widths.** A step's time need not grow with the tree: a few-row matmul's time depends on
+the row count's alignment, so on a CPU a 15-node tree (16 rows) can verify faster than an
+11-node one. The runtime can verify an ``n``-node tree at the width of a larger one (padding rows
+that change no result, runtime/_static_step.py), so ``padded_nodes`` (optional; node count ->
+the measured node count it is verified at, only counts that pad) makes such a dip unreachable.
+``padding_table`` derives it from the measured curve: ``n`` pads to the cheapest measured count
+``m >= n`` whose step is cheaper than ``n``'s beyond noise (``NOISE_SIGMAS`` standard errors of
+the difference; a strict saving when no spread was measured), the smallest such ``m`` on ties.
+Past the last measured count the curve extrapolates upward, so nothing pads there. ``step_ms``
+prices a tree at its padded count plus its own depth term (the effective curve), and the
+monotonicity check runs on that effective curve; ``verify_ms`` stays the raw measured curve.
+
 ``noise_gain_bound`` is the gain over the best static tree that the noise alone could produce:
 ``1 + NOISE_SIGMAS * sqrt(2) * eps`` with ``eps`` the median relative standard error of the
 ``verify_ms`` knots (two step costs, each off by its noise). The schedule search ships a
@@ -54,7 +66,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +155,7 @@ class LatencyModel:
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
     points: tuple[LatencyPoint, ...] = ()  # every measured point with its spread (): none kept
+    padded_nodes: tuple[tuple[int, int], ...] = ()  # (n, m): n-node trees verified at m > n nodes
 
     def __post_init__(self) -> None:
         nodes = tuple(int(n) for n in self.nodes)
@@ -169,20 +182,32 @@ class LatencyModel:
         object.__setattr__(self, "fused_empty_ms_by_depth", fused_by_depth)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "verify_ms", verify)
+        padded = tuple(sorted((int(n), int(m)) for n, m in dict(self.padded_nodes).items()))
+        for n, m in padded:
+            if not 1 <= n < m or m not in nodes:
+                raise EntmtpError(f"latency model pads {n} nodes to {m}: padded_nodes maps a "
+                                  "node count n >= 1 to a larger measured node count")
+        object.__setattr__(self, "padded_nodes", padded)
 
     def step_ms(self, num_nodes: int | np.ndarray, depth: int | np.ndarray) -> float | np.ndarray:
-        """Modelled ms of one draft+verify step; extrapolates linearly past the last count,
-        never downwards (a last segment that falls, noise or a kernel's dip, would otherwise
-        price large trees below zero)."""
-        n = np.asarray(num_nodes, dtype=np.float64)
-        x = np.asarray(self.nodes, dtype=np.float64)
-        y = np.asarray(self.verify_ms, dtype=np.float64)
-        out = np.interp(n, x, y)
-        if len(x) >= 2:
-            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
-            out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
-        out = out + self.depth_ms * np.asarray(depth, dtype=np.float64)
+        """Modelled ms of one draft+verify step: the raw curve at the tree's padded node count
+        (``padded_count``) plus the tree's own depth term."""
+        verify = raw_verify_ms(self, self.padded_count(num_nodes))
+        out = verify + self.depth_ms * np.asarray(depth, dtype=np.float64)
         return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def padding(self) -> dict[int, int]:
+        """``padded_nodes`` as a dict: node count -> node count it is verified at."""
+        return dict(self.padded_nodes)
+
+    def padded_count(self, num_nodes: int | np.ndarray) -> np.ndarray:
+        """The node count a tree of ``num_nodes`` nodes is verified at (float array)."""
+        n = np.asarray(num_nodes, dtype=np.float64)
+        out = n.copy()
+        for count, padded in self.padded_nodes:
+            out = np.where(n == count, float(padded), out)
+        return out
 
     def tree_ms(self, tree) -> float:
         return float(self.step_ms(tree.num_nodes, tree.depth))
@@ -321,6 +346,9 @@ class LatencyModel:
         # null: no spread was measured (files from before the profiler kept it)
         out["noise"] = {"points": [p.to_json() for p in self.points]} if self.points else None
         del out["points"]
+        del out["padded_nodes"]
+        if self.padded_nodes:  # optional: absent means every tree runs at its own width
+            out["padded_nodes"] = {str(n): m for n, m in self.padded_nodes}
         out["warnings"] = self.warnings  # for a reader of the file: recomputed on load
         if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
             del out["fused_empty_ms"]
@@ -356,6 +384,13 @@ class LatencyModel:
                 require(obj, key, list, source=source, fix=fix)
         if "hardware" in obj:
             require(obj, "hardware", dict, source=source, fix=fix)
+        padded = require(obj, "padded_nodes", dict, source=source, fix=fix) \
+            if "padded_nodes" in obj else {}
+        for key, value in padded.items():
+            if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+                    or not isinstance(value, int):
+                raise EntmtpError(f"{source}: padded_nodes: {short(repr(key))}: "
+                                  f"{short(repr(value))} is not node count -> node count: {fix}")
         noise = obj.get("noise")
         if noise is not None:
             require(obj, "noise", dict, source=source, fix=fix)
@@ -374,6 +409,7 @@ class LatencyModel:
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
                 points=tuple(LatencyPoint.from_json(p)
                              for p in (noise or {}).get("points", ())),
+                padded_nodes=tuple((int(n), int(m)) for n, m in padded.items()),
             )
         except EntmtpError as err:
             raise EntmtpError(f"{source}: {err}: {fix}") from err
@@ -493,26 +529,82 @@ def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
             f"the empty-tree step {empty:.2f} ms costs more than an autoregressive step "
             f"{ar:.2f} ms plus {DECODER_OVERHEAD:.0%} beyond noise ({NOISE_SIGMAS * error:.2f} "
             f"ms){noise}", nodes=(0,), steps=(("autoregressive", -1),))
+    # The effective curve: each measured count at the count it is verified at (padded_nodes).
+    padding = model.padding
+    position = {n: i for i, n in enumerate(model.nodes)}
+    verified = [padding.get(n, n) for n in model.nodes]
+    effective = [model.verify_ms[position[m]] for m in verified]
+    errors = [model.figure_error_ms("tree", nodes=m) for m in verified]
     falls = []
     for j in range(1, len(model.nodes)):
         # against every smaller tree: the costliest one may be too noisy to show a fall that a
         # quieter one shows
         worst = None
         for i in range(j):
-            error = math.hypot(model.figure_error_ms("tree", nodes=model.nodes[j]),
-                               model.figure_error_ms("tree", nodes=model.nodes[i]))
-            margin = model.verify_ms[i] - model.verify_ms[j] - NOISE_SIGMAS * error
-            if _beyond(model.verify_ms[j], model.verify_ms[i], error) and (
+            error = math.hypot(errors[j], errors[i])
+            margin = effective[i] - effective[j] - NOISE_SIGMAS * error
+            if _beyond(effective[j], effective[i], error) and (
                     worst is None or margin > worst[0]):
                 worst = (margin, i, NOISE_SIGMAS * error)
         if worst is not None:
             _, i, tolerance = worst
-            falls.append((model.nodes[i], model.nodes[j], model.verify_ms[i],
-                          model.verify_ms[j], tolerance))
+            falls.append((model.nodes[i], model.nodes[j], effective[i], effective[j], tolerance))
     if falls:
         shown = "; ".join(f"{a} -> {b} nodes: {ma:.2f} -> {mb:.2f} ms (noise {tol:.2f})"
                           for a, b, ma, mb, tol in falls[:3])
         more = f"; {len(falls) - 3} more" if len(falls) > 3 else ""
+        padded = " (at the padded widths the runtime verifies)" if padding else ""
         yield LatencyFinding(
-            f"step time falls as the tree grows, beyond noise{noise}: {shown}{more}",
+            f"step time falls as the tree grows{padded}, beyond noise{noise}: {shown}{more}",
             nodes=tuple(sorted({n for a, b, *_ in falls for n in (a, b)})))
+
+
+def raw_verify_ms(model: LatencyModel, num_nodes: int | np.ndarray) -> np.ndarray:
+    """The measured curve (no padding, no depth term) at ``num_nodes``: piecewise linear
+    through the knots, extrapolated linearly past the last count, never downwards (a last
+    segment that falls, noise or a kernel's dip, would otherwise price large trees below
+    zero)."""
+    n = np.asarray(num_nodes, dtype=np.float64)
+    x = np.asarray(model.nodes, dtype=np.float64)
+    y = np.asarray(model.verify_ms, dtype=np.float64)
+    out = np.interp(n, x, y)
+    if len(x) >= 2:
+        slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+        out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
+    return out
+
+
+def raw_verify_error_ms(model: LatencyModel, num_nodes: int | np.ndarray) -> np.ndarray:
+    """Standard error of ``raw_verify_ms``: a knot's ``figure_error_ms``, linearly interpolated
+    between knots (the bound for errors that may be correlated; never below the quieter
+    knot's), the last knot's past it."""
+    n = np.asarray(num_nodes, dtype=np.float64)
+    x = np.asarray(model.nodes, dtype=np.float64)
+    se = np.array([model.figure_error_ms("tree", nodes=k) for k in model.nodes])
+    return np.interp(n, x, se)
+
+
+def padding_table(model: LatencyModel) -> dict[int, int]:
+    """Node count -> the measured node count it is cheaper to verify at (see the module doc):
+    for every ``n`` in ``1..nodes[-1]``, the measured ``m > n`` with the cheapest raw step
+    among those cheaper than ``n``'s beyond noise (strictly cheaper without a spread), the
+    smallest on ties; counts no such ``m`` exists for are left out."""
+    knots = np.asarray(model.nodes, dtype=np.int64)
+    knot_ms = raw_verify_ms(model, knots)
+    knot_se = raw_verify_error_ms(model, knots)
+    counts = np.arange(1, int(knots[-1]) + 1)
+    count_ms = raw_verify_ms(model, counts)
+    count_se = raw_verify_error_ms(model, counts)
+    # [counts, knots]: the knot is a candidate for the count: larger and cheaper beyond noise
+    saving = count_ms[:, None] - knot_ms[None, :]
+    tolerance = NOISE_SIGMAS * np.hypot(count_se[:, None], knot_se[None, :])
+    candidate = (knots[None, :] > counts[:, None]) & (saving > tolerance)
+    priced = np.where(candidate, knot_ms[None, :], np.inf)
+    best = np.argmin(priced, axis=1)  # the first (smallest) knot among equal prices
+    padded = candidate.any(axis=1)
+    return {int(n): int(knots[b]) for n, b, p in zip(counts, best, padded, strict=True) if p}
+
+
+def with_padding(model: LatencyModel) -> LatencyModel:
+    """``model`` with the ``padding_table`` of its measured curve."""
+    return replace(model, padded_nodes=tuple(padding_table(model).items()))
