@@ -157,3 +157,32 @@ def test_padded_nodes_in_the_file(tmp_path):
             LatencyModel.from_json(obj)
     with pytest.raises(EntmtpError, match="padded_nodes"):
         LatencyModel.from_json(model.to_json() | {"padded_nodes": [[4, 8]]})
+
+
+def test_the_search_prices_a_padded_tree_at_the_larger_width():
+    """Greedy candidates and the replay price a 12-node tree at the 15-node step (plus its own
+    depth term) under a dip, so the front never holds a tree that the dip makes slower."""
+    from entmtp.treesearch._pareto import greedy_candidates, pareto_front
+    from entmtp.treesearch._replay import Replayer
+    from entmtp.treesearch._synthetic import synthetic_profile
+
+    nodes = (0, 4, 8, 11, 12, 13, 14, 15, 16, 32)
+    verify = (20.0, 35.0, 53.0, 77.0, 94.0, 95.0, 117.0, 69.0, 87.0, 117.0)
+    raw = LatencyModel(nodes, verify, autoregressive_ms=20.0, depth_ms=0.5,
+                       points=_points(nodes, verify, [1.0] * len(nodes)))
+    padded = with_padding(raw)
+    profile = synthetic_profile(num_traces=4, positions=200, num_heads=3, topk=4, seed=3)
+    ranks = profile.ranks()
+    candidates = {c.tree.num_nodes: c for c in greedy_candidates(ranks, padded, max_nodes=16)}
+    twelve, fifteen = candidates[12], candidates[15]
+    assert twelve.latency_ms == pytest.approx(69.0 + 0.5 * twelve.tree.depth)
+    assert fifteen.latency_ms == pytest.approx(69.0 + 0.5 * fifteen.tree.depth)
+    assert twelve.latency_ms < float(raw.step_ms(12, twelve.tree.depth))
+    replayer = Replayer(profile, [twelve.tree, fifteen.tree], padded)
+    assert replayer.tree_ms[0] == pytest.approx(twelve.latency_ms)
+    # at one price the larger tree accepts at least as much: 12..14 leave the front unless a
+    # deeper tree pays more depth terms than it gains
+    front = {c.tree.num_nodes: c for c in pareto_front(candidates.values())}
+    for n in (12, 13, 14):
+        if n in front:
+            assert front[n].latency_ms < fifteen.latency_ms
