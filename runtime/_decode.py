@@ -212,7 +212,8 @@ class SpeculativeDecoder:
     phases, no graphs); without it a static step logs its whole time as ``verify_ms``.
     ``padded_nodes``: node count -> the node count its tree is verified at on the static
     runtime (a bundle's ``latency.padding``: a tree is never slower than a cheaper larger one;
-    None: unpadded; the eager runtime never pads). ``step``, ``prepare``, ``fused_empty_step`` and ``commit`` are the eager runtime's steps.
+    None: unpadded; the eager runtime never pads). ``step``, ``prepare``,
+    ``fused_empty_step`` and ``commit`` are the eager runtime's steps.
     """
 
     def __init__(
