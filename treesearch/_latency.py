@@ -54,6 +54,8 @@ the difference; a strict saving when no spread was measured), the smallest such 
 Past the last measured count the curve extrapolates upward, so nothing pads there. ``step_ms``
 prices a tree at its padded count plus its own depth term (the effective curve), and the
 monotonicity check runs on that effective curve; ``verify_ms`` stays the raw measured curve.
+The profiler also times the padded steps themselves (points with ``padded_to``, never fitted):
+a check flags a padded step that costs more than its price beyond noise.
 
 ``noise_gain_bound`` is the gain over the best static tree that the noise alone could produce:
 ``1 + NOISE_SIGMAS * sqrt(2) * eps`` with ``eps`` the median relative standard error of the
@@ -99,6 +101,7 @@ class LatencyPoint:
     rounds: int
     nodes: int = 0  # tree steps: the tree's node count
     depth: int = 0  # tree steps: the tree's depth; prepare / fused_empty: the draft depth
+    padded_to: int = 0  # tree steps verified at a padded width: that node count (0: unpadded)
 
     def __post_init__(self) -> None:
         if self.step not in STEP_KINDS:
@@ -114,14 +117,17 @@ class LatencyPoint:
         return self.iqr_ms / IQR_PER_SIGMA / math.sqrt(self.rounds)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.padded_to:  # optional: absent means the tree's own width
+            del out["padded_to"]
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LatencyPoint:
         return cls(step=str(obj["step"]), context=int(obj["context"]), ms=float(obj["ms"]),
                    median_ms=float(obj["median_ms"]), iqr_ms=float(obj["iqr_ms"]),
                    rounds=int(obj["rounds"]), nodes=int(obj.get("nodes", 0)),
-                   depth=int(obj.get("depth", 0)))
+                   depth=int(obj.get("depth", 0)), padded_to=int(obj.get("padded_to", 0)))
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,8 @@ class LatencyModel:
         "fused_empty" at draft ``depth`` (-1: every depth, the scalar field).
         """
         if step == "tree":
-            chosen = [p for p in self.points if p.step == "tree" and p.nodes == nodes]
+            chosen = [p for p in self.points
+                      if p.step == "tree" and p.nodes == nodes and not p.padded_to]
         else:
             chosen = [p for p in self.points
                       if p.step == step and (depth == -1 or p.depth == depth)]
@@ -557,6 +564,30 @@ def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
         yield LatencyFinding(
             f"step time falls as the tree grows{padded}, beyond noise{noise}: {shown}{more}",
             nodes=tuple(sorted({n for a, b, *_ in falls for n in (a, b)})))
+    dear = []
+    for (n, depth, m), group in _padded_groups(model).items():
+        measured = math.fsum(p.ms for p in group) / len(group)
+        priced = float(model.step_ms(n, depth))
+        error = math.hypot(math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in group))
+                           / len(group), model.figure_error_ms("tree", nodes=m))
+        if _beyond(priced, measured, error):
+            dear.append((n, depth, m, measured, priced, NOISE_SIGMAS * error))
+    if dear:
+        shown = "; ".join(f"{n} nodes (depth {d}) at {m}: {ms:.2f} ms, priced {pr:.2f} "
+                          f"(noise {tol:.2f})" for n, d, m, ms, pr, tol in dear[:3])
+        yield LatencyFinding(
+            f"a padded step costs more than the step it is priced at, beyond noise: {shown}",
+            nodes=tuple(sorted({k for n, _, m, *_ in dear for k in (n, m)})))
+
+
+def _padded_groups(model: LatencyModel) -> dict[tuple[int, int, int], list[LatencyPoint]]:
+    """Points of padded steps by (nodes, depth, padded count), those the table still pads."""
+    padding = model.padding
+    groups: dict[tuple[int, int, int], list[LatencyPoint]] = {}
+    for p in model.points:
+        if p.step == "tree" and p.padded_to and padding.get(p.nodes) == p.padded_to:
+            groups.setdefault((p.nodes, p.depth, p.padded_to), []).append(p)
+    return groups
 
 
 def raw_verify_ms(model: LatencyModel, num_nodes: int | np.ndarray) -> np.ndarray:
