@@ -57,6 +57,7 @@ import torch
 
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
+from entmtp.treesearch._latency import padding_summary
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Drafter, MedusaDrafter, Prepared
@@ -533,18 +534,10 @@ def check_padding(padded_nodes: Mapping[int, int] | None) -> dict[int, int]:
 
 
 def padding_note(padded_nodes: Mapping[int, int]) -> str:
-    """``""``, or "; trees verified at padded widths: 2->3, 11-14->15 nodes" (consecutive
-    counts padded to one count in one range), for a one-line runtime note."""
-    if not padded_nodes:
-        return ""
-    runs: list[list[int]] = []  # [first, last, padded]
-    for n, m in sorted(padded_nodes.items()):
-        if runs and runs[-1][1] == n - 1 and runs[-1][2] == m:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n, m])
-    pairs = ", ".join(f"{a}->{m}" if a == b else f"{a}-{b}->{m}" for a, b, m in runs)
-    return f"; trees verified at padded widths: {pairs} nodes"
+    """``""``, or "; trees verified at padded widths: 2->3, 11-14->15 nodes", for a one-line
+    runtime note."""
+    summary = padding_summary(dict(padded_nodes))
+    return f"; trees verified at padded widths: {summary}" if summary else ""
 
 
 def _host_ms() -> float:

@@ -207,6 +207,11 @@ class LatencyModel:
         """``padded_nodes`` as a dict: node count -> node count it is verified at."""
         return dict(self.padded_nodes)
 
+    @property
+    def padding_summary(self) -> str:
+        """The table in words ("11-14->15 nodes"; "" when nothing pads)."""
+        return padding_summary(self.padding)
+
     def padded_count(self, num_nodes: int | np.ndarray) -> np.ndarray:
         """The node count a tree of ``num_nodes`` nodes is verified at (float array)."""
         n = np.asarray(num_nodes, dtype=np.float64)
@@ -639,3 +644,17 @@ def padding_table(model: LatencyModel) -> dict[int, int]:
 def with_padding(model: LatencyModel) -> LatencyModel:
     """``model`` with the ``padding_table`` of its measured curve."""
     return replace(model, padded_nodes=tuple(padding_table(model).items()))
+
+
+def padding_summary(padded_nodes: dict[int, int]) -> str:
+    """"2->3, 11-14->15 nodes" (consecutive counts padded to one count as one range); "" for
+    no padding."""
+    runs: list[list[int]] = []  # [first, last, padded]
+    for n, m in sorted(padded_nodes.items()):
+        if runs and runs[-1][1] == n - 1 and runs[-1][2] == m:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n, m])
+    if not runs:
+        return ""
+    return ", ".join(f"{a}->{m}" if a == b else f"{a}-{b}->{m}" for a, b, m in runs) + " nodes"
