@@ -68,6 +68,8 @@ from ._model_setup import (
     ENGINE_OPTION,
     GRAPHS_OPTION,
     HEAD_TYPES,
+    PAD_OPTION,
+    bundle_padding,
     check_device_and_dtype,
     check_engine,
 )
@@ -313,18 +315,19 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
 
 
 def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "auto",
-                  graphs: bool = True) -> tuple[list[Method], list[Any]]:
+                  graphs: bool = True, pad: bool = True) -> tuple[list[Method], list[Any]]:
     """AR, each head set with the reference tree, then each bundle's best static tree and
-    schedule; and the decoders they run on (``engine`` / ``graphs``: their runtime)."""
+    schedule; and the decoders they run on (``engine`` / ``graphs``: their runtime; ``pad``:
+    a bundle's trees at its latency model's padded widths, the reference trees unpadded)."""
     from entmtp.runtime._decode import SpeculativeDecoder
     from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 
     eos = sorted(base.eos_token_ids)
     decoders = []
 
-    def new_decoder(heads, topk):
+    def new_decoder(heads, topk, padded_nodes=None):
         decoders.append(SpeculativeDecoder(base.model, heads, topk=topk, engine=engine,
-                                           graphs=graphs))
+                                           graphs=graphs, padded_nodes=padded_nodes))
         return decoders[-1]
 
     methods = [autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)]
@@ -338,7 +341,7 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "
         methods.append(speculative_method(f"{draft_heads.head_type}-{REFERENCE_TREE}", decoder,
                                           StaticScheduler(tree), eos=eos, info=info))
     for arm in arms:
-        decoder = new_decoder(arm.heads, arm.bundle.heads.topk)
+        decoder = new_decoder(arm.heads, arm.bundle.heads.topk, bundle_padding(arm.bundle, pad))
         if arm.bundle.best_static is not None:
             static = arm.bundle.best_static.tree
             methods.append(speculative_method(
@@ -667,6 +670,7 @@ def bench(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
 ) -> None:
@@ -690,7 +694,8 @@ def bench(
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
-    methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs)
+    methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs,
+                                      pad=pad)
     for note in dict.fromkeys(d.runtime_note for d in decoders):  # once
         console.print(f"[dim]{note}[/dim]")
     on_cpu = next(base.model.parameters()).device.type == "cpu"

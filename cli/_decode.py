@@ -21,7 +21,15 @@ from ._live import (
     load_heads_for,
     read_bundle,
 )
-from ._model_setup import DEVICE_OPTION, DTYPE_OPTION, ENGINE_OPTION, GRAPHS_OPTION, check_engine
+from ._model_setup import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    ENGINE_OPTION,
+    GRAPHS_OPTION,
+    PAD_OPTION,
+    bundle_padding,
+    check_engine,
+)
 from .app import app
 
 STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
@@ -78,6 +86,7 @@ def decode(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
@@ -101,7 +110,7 @@ def decode(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs)
+                                 graphs=graphs, padded_nodes=bundle_padding(bundle, pad))
     stream = TextStream(base.tokenizer, console)
     options = {}
     if supports_step_callback(decoder):

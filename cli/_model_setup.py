@@ -36,6 +36,17 @@ ENGINE_OPTION = typer.Option("auto", "--engine", help="auto, static or eager: th
                              "else eager).")
 GRAPHS_OPTION = typer.Option(True, "--graphs/--no-graphs", help="Capture static steps as CUDA "
                              "graphs (on CUDA; ignored on the CPU).")
+# --pad of every command that decodes a bundle (decode, validate, bench), declared once.
+PAD_OPTION = typer.Option(True, "--pad/--no-pad", help="Verify trees at the padded widths of "
+                          "the bundle's latency model (padded_nodes: a tree is never slower "
+                          "than a cheaper larger one); --no-pad: each tree at its own width.")
+
+
+def bundle_padding(bundle, pad: bool) -> dict[int, int] | None:
+    """The padding table the runtime takes from ``bundle`` (None: ``--no-pad``, or a bundle
+    whose latency model has none)."""
+    latency = getattr(bundle, "latency", None)
+    return latency.padding or None if pad and latency is not None else None
 
 
 def check_engine(engine: str) -> str:

@@ -51,6 +51,8 @@ from ._model_setup import (
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
+    PAD_OPTION,
+    bundle_padding,
     check_engine,
 )
 from .app import app
@@ -130,6 +132,7 @@ def validate(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
@@ -153,7 +156,7 @@ def validate(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs)
+                                 graphs=graphs, padded_nodes=bundle_padding(bundle, pad))
     console.print(f"[dim]{decoder.runtime_note}[/dim]")
     eos = sorted(base.eos_token_ids)
     entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle_schedule(bundle)),

@@ -186,3 +186,20 @@ def test_the_search_prices_a_padded_tree_at_the_larger_width():
     for n in (12, 13, 14):
         if n in front:
             assert front[n].latency_ms < fifteen.latency_ms
+
+
+def test_the_bundle_schema_takes_a_padded_latency_model():
+    from jsonschema import Draft202012Validator
+
+    from entmtp.treesearch._bundle import bundle_schema
+
+    nodes, verify = (0, 4, 8), (10.0, 30.0, 20.0)
+    points = (*_points(nodes, verify, [1.0] * 3),
+              LatencyPoint("tree", 128, 21.0, 21.0, 1.0, 10, nodes=4, depth=1, padded_to=8))
+    padded = with_padding(LatencyModel(nodes, verify, autoregressive_ms=10.0, points=points))
+    obj = padded.to_json()
+    assert obj["padded_nodes"] and obj["noise"]["points"][-1]["padded_to"] == 8
+    assert "padded_to" not in obj["noise"]["points"][0]
+    validator = Draft202012Validator(bundle_schema()["properties"]["latency"])
+    assert validator.is_valid(obj)
+    assert not validator.is_valid(obj | {"padded_nodes": {"x": 8}})
