@@ -18,9 +18,10 @@ import time
 
 import torch
 
+from entmtp.calibrate._greedy import greedy_generate
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import load_base_model
-from entmtp.calibrate._profiler import greedy_trajectories, profile_prompts
+from entmtp.calibrate._profiler import profile_prompts
 from entmtp.calibrate._tasks import load_prompts
 
 
@@ -48,10 +49,9 @@ def main() -> None:
         start = time.perf_counter()
         generated = []
         for i in range(0, len(ids), args.batch_size):
-            generated += greedy_trajectories(
+            generated += [run.tokens for run in greedy_generate(
                 base.model, ids[i : i + args.batch_size], max_new_tokens=args.max_new_tokens,
-                eos_token_ids=eos, pad_token_id=eos[0],
-            )
+                eos_token_ids=eos)]
         generate_s = time.perf_counter() - start
 
     start = time.perf_counter()

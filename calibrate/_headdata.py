@@ -43,8 +43,8 @@ from entmtp.treesearch._atomic import atomic_write, atomic_write_json
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json
 
+from ._greedy import greedy_generate
 from ._heads import _unwrap_base
-from ._profiler import greedy_trajectories
 from ._train import Progress, Trajectory, _eos_ids, text_trajectories
 
 DATA_FORMAT = "entmtp-head-data"
@@ -143,10 +143,7 @@ def make_records(
     """Records of ``items`` in order: teacher-forced ones as given, self-distilled ones by
     batched greedy generation (prompts sorted by length so that a batch pads little)."""
     module = _unwrap_base(base)
-    eos = sorted(_eos_ids(base, module))
-    pad = getattr(getattr(base, "tokenizer", None), "pad_token_id", None)
-    if pad is None:  # any id will do: padded positions are masked out
-        pad = eos[0] if eos else 0
+    eos = _eos_ids(base, module)
     records: list[Record | None] = [None] * len(items)
     greedy: list[int] = []
     for position, item in enumerate(items):
@@ -161,11 +158,9 @@ def make_records(
     for first in range(0, len(greedy), generation_batch_size):
         batch = greedy[first:first + generation_batch_size]
         prompts = [items[position].prompt_ids for position in batch]
-        continuations = greedy_trajectories(
-            module, prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad
-        )
-        for position, prompt, generated in zip(batch, prompts, continuations, strict=True):
-            tokens = torch.as_tensor(prompt + generated, dtype=torch.int64)
+        runs = greedy_generate(module, prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+        for position, prompt, run in zip(batch, prompts, runs, strict=True):
+            tokens = torch.as_tensor(prompt + run.tokens, dtype=torch.int64)
             records[position] = Record(tokens, len(prompt) - 1, items[position].source)
     return [record for record in records if record is not None]
 

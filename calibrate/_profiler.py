@@ -1,8 +1,8 @@
 """The profiler: greedy trajectories -> per-position base entropy and head rank vectors.
 
 For each batch of prompts:
-1. ``greedy_trajectories``: the base model's greedy continuation (left-padded batch, KV cache),
-   up to and including the first EOS token, at most ``max_new_tokens``.
+1. ``greedy_generate`` (``_greedy``): the base model's greedy continuation (left-padded batch,
+   KV cache), up to and including the first EOS token, at most ``max_new_tokens``.
 2. ``score_trajectories``: one teacher-forced forward over prompt + generated tokens per
    trajectory. At generated token ``i`` (position ``i`` of ``treesearch._profile``): the entropy of
    the base distribution that produced it, and the final-norm hidden state that distribution
@@ -32,7 +32,7 @@ from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 
-from ._cache_keyword import cache_keyword, returned_cache
+from ._greedy import greedy_generate
 from ._model import BaseModel, model_fingerprint
 from ._stats import entropy_from_logits, topk_ranks
 from ._tasks import TaskPrompt
@@ -116,9 +116,6 @@ def profile_prompts(
     settings = _settings_key(base, meta)
     folder = Path(shard_dir) if shard_dir is not None else None
     eos = sorted(base.eos_token_ids)
-    pad = base.tokenizer.pad_token_id
-    if pad is None:  # any real id will do: padded positions are masked out
-        pad = eos[0] if eos else 0
 
     traces: dict[int, Trace] = {}
     todo: list[tuple[TaskPrompt, list[int]]] = []
@@ -139,10 +136,8 @@ def profile_prompts(
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             prompt_ids = [ids for _, ids in batch]
-            generated = greedy_trajectories(
-                base.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                pad_token_id=pad,
-            )
+            generated = [run.tokens for run in greedy_generate(
+                base.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)]
             scored = score_trajectories(base.model, heads, prompt_ids, generated, topk=topk)
             for (prompt, ids), result in zip(batch, scored, strict=True):
                 trace = Trace(prompt.index, prompt.prompt_id, result.entropy, result.ranks,
@@ -164,55 +159,6 @@ def _check_heads_fit(base: BaseModel, heads: Any) -> None:
             f"the model has {base.hidden_size} and {base.vocab_size}: pass heads trained for "
             "this model"
         )
-
-
-# -- step 1: greedy trajectories -------------------------------------------------------------
-@torch.inference_mode()
-def greedy_trajectories(
-    model: Any,
-    prompt_ids: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int = 0,
-) -> list[list[int]]:
-    """Greedy continuations of a left-padded batch, each cut after its first EOS token."""
-    device = model.get_input_embeddings().weight.device
-    rows, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
-    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long, device=device)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, width - len(ids) :] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
-
-    cache_arg = cache_keyword(model)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, logits_to_keep=1)
-    cache, next_position = returned_cache(out), position_ids[:, -1:] + 1
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    steps: list[torch.Tensor] = []
-    for step in range(max_new_tokens):
-        token = out.logits[:, -1].argmax(dim=-1)  # [rows]
-        steps.append(token)
-        finished |= torch.isin(token, eos)
-        if bool(finished.all()) or step == max_new_tokens - 1:
-            break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=attention_mask,
-                    position_ids=next_position, use_cache=True, **{cache_arg: cache})
-        cache, next_position = returned_cache(out), next_position + 1
-    tokens = torch.stack(steps, dim=1).tolist()  # [rows, steps]
-    eos_set = set(eos.tolist())
-    return [_cut_after_eos(row_tokens, eos_set) for row_tokens in tokens]
-
-
-def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for position, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: position + 1]
-    return tokens
 
 
 # -- step 2: one teacher-forced forward per trajectory ---------------------------------------

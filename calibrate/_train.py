@@ -35,7 +35,7 @@ from torch import Tensor
 from entmtp.treesearch._atomic import atomic_write
 from entmtp.treesearch._errors import EntmtpError
 
-from ._cache_keyword import cache_keyword, returned_cache
+from ._greedy import greedy_generate
 from ._heads import DraftHeads, _unwrap_base
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -161,64 +161,6 @@ def _report(progress: Progress | None, stage: str, done: int, total: int) -> Non
         progress(stage, done, total)
 
 
-@torch.inference_mode()
-def greedy_batch(
-    module: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos_ids: set[int],
-) -> list[tuple[Tensor, Tensor]]:
-    """Greedy continuations of left-padded ``prompts`` in one batch: [(hidden [T, H], tokens [T])].
-
-    Each row stops after its first EOS token (kept) or ``max_new_tokens`` tokens.
-    """
-    decoder = module.base_model
-    lm_head = module.get_output_embeddings()
-    device = next(module.parameters()).device
-    batch, width = len(prompts), max(len(p) for p in prompts)
-    input_ids = torch.zeros((batch, width), dtype=torch.int64, device=device)
-    mask = torch.zeros((batch, width), dtype=torch.int64, device=device)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
-        mask[row, width - len(prompt):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache_kw = cache_keyword(decoder)
-    out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache = returned_cache(out)
-    hidden = out.last_hidden_state[:, -1]
-    hiddens: list[Tensor] = []
-    tokens: list[Tensor] = []
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    lengths = torch.zeros(batch, dtype=torch.int64, device=device)
-    eos = torch.as_tensor(sorted(eos_ids), dtype=torch.int64, device=device)
-    for _ in range(max_new_tokens):
-        token = lm_head(hidden).argmax(-1)
-        hiddens.append(hidden.float().cpu())
-        tokens.append(token.cpu())
-        lengths += (~done).long()
-        done |= torch.isin(token, eos)
-        if bool(done.all()) or len(tokens) == max_new_tokens:
-            break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        positions = positions[:, -1:] + 1
-        out = decoder(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{cache_kw: cache},
-        )
-        cache = returned_cache(out)
-        hidden = out.last_hidden_state[:, -1]
-    stacked_hidden = torch.stack(hiddens, dim=1)
-    stacked_tokens = torch.stack(tokens, dim=1)
-    return [
-        (stacked_hidden[row, : int(lengths[row])].clone(), stacked_tokens[row, : int(lengths[row])])
-        for row in range(batch)
-    ]
-
-
 def generate_trajectories(
     base: Any,
     prompts: Sequence[Any],
@@ -243,11 +185,11 @@ def generate_trajectories(
     _report(progress, "generate", 0, len(ids))
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        runs = greedy_batch(
-            module, [ids[i] for i in chunk], max_new_tokens=max_new_tokens, eos_ids=eos_ids
-        )
-        for index, (hidden, tokens) in zip(chunk, runs, strict=True):
-            result[index] = Trajectory(hidden=hidden, tokens=tokens, source=labels[index])
+        runs = greedy_generate(module, [ids[i] for i in chunk], max_new_tokens=max_new_tokens,
+                               eos_token_ids=eos_ids, keep_hidden=True)
+        for index, run in zip(chunk, runs, strict=True):
+            tokens = torch.tensor(run.tokens, dtype=torch.int64)
+            result[index] = Trajectory(hidden=run.hidden, tokens=tokens, source=labels[index])
         _report(progress, "generate", min(start + batch_size, len(ids)), len(ids))
     return [trajectory for trajectory in result if trajectory is not None]
 

@@ -743,8 +743,6 @@ def bench(
         "targets": {t.key: t.goal() for t in TARGETS},
         "rows": rows,
         "predictions": predictions,
-        # kept for one-bundle readers of earlier reports: predictions[type]["oracle"] otherwise
-        "oracle": oracles[0] if len(oracles) == 1 else None,
     }
     write_json(json_path, report, console)
     if plot is not None:

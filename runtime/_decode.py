@@ -53,6 +53,7 @@ from functools import partial
 import torch
 from transformers.cache_utils import DynamicCache
 
+from entmtp.calibrate._greedy import greedy_steps
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
@@ -565,8 +566,10 @@ def autoregressive_generate(
     """Plain greedy decoding, one token per forward, on the same machinery as the decoder.
 
     ``engine``, ``graphs`` and ``window`` as for ``SpeculativeDecoder``: the static runtime runs
-    the empty tree's step (the speculative decoder's plain step). Each step is logged with
-    accept length 1 and its time as ``verify_ms`` (eager: its forward time).
+    the empty tree's step (the speculative decoder's plain step). Elsewhere (other
+    architectures, ``engine="eager"``) it is the batched greedy loop of profiling and head
+    training (``calibrate._greedy.greedy_steps``) at batch 1, timed step by step. Each step is
+    logged with accept length 1 and its whole time (forward, lm_head, argmax) as ``verify_ms``.
     """
     check_tree_attention_support(model)
     if max_new_tokens < 0:
@@ -582,19 +585,15 @@ def autoregressive_generate(
                                max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
     start = clock.now()
-    cache = new_cache(model)
-    _, logits = forward_tokens(model, cache, prompt.unsqueeze(0))
-    tokens = [int(logits[-1].argmax())]
+    steps = greedy_steps(model, [prompt.tolist()])
+    tokens = [int(next(steps).tokens[0])]
     prefill_ms = clock.now() - start
     log: list[StepLog] = []
     decode_start = clock.now()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         t0 = clock.now()
-        step_input = torch.tensor([[tokens[-1]]], dtype=torch.int64, device=device)
-        _, logits = forward_tokens(model, cache, step_input)
-        t1 = clock.now()
-        tokens.append(int(logits[-1].argmax()))
-        t2 = clock.now()
-        log.append(StepLog(len(tokens) - 2, float("nan"), 0, 0, 0, 1, 0.0, t1 - t0, t2 - t1))
+        tokens.append(int(next(steps).tokens[0]))
+        log.append(StepLog(len(tokens) - 2, float("nan"), 0, 0, 0, 1, 0.0, clock.now() - t0, 0.0))
     decode_ms = clock.now() - decode_start
+    steps.close()
     return DecodeResult(tokens, len(log), [1] * len(log), prefill_ms, decode_ms, log)

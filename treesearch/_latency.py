@@ -21,8 +21,9 @@ Both depend on how many heads a schedule prepares: Medusa heads project one row 
 the schedule's deepest tree, and on a CPU each extra row of a vocabulary projection costs (a
 depth-1 schedule's fused step is almost a plain step; a depth-4 one pays three more rows).
 ``prepare_ms_by_depth`` / ``fused_empty_ms_by_depth`` (entry ``d - 1``: trees of depth <= ``d``)
-hold those measurements; ``prepare_cost(d)`` / ``fused_empty_cost(d)`` read them, falling back
-to the scalar fields (the deepest value, kept for readers of older files) when absent.
+hold those measurements; ``prepare_cost(d)`` / ``fused_empty_cost(d)`` read them. Without them
+the scalar ``prepare_ms`` / ``fused_empty_ms`` serves every depth; with them the scalar is their
+last entry (the deepest schedule's), set from them, and a file holds the list alone.
 
 **Noise.** A measured model keeps every point it was fitted from (``points``: a step of one
 kind at one context length, over interleaved rounds) with its spread: ``iqr_ms``, the
@@ -178,10 +179,18 @@ class LatencyModel:
                   *prepare_by_depth, *fused_by_depth)
         if not all(np.isfinite(values)) or min(values) < 0:
             raise EntmtpError("latency model times must be finite and non-negative")
-        if fused_by_depth and fused is None:
-            raise EntmtpError(
-                "latency model has fused_empty_ms_by_depth but no fused_empty_ms: give both"
-            )
+        prepare = float(self.prepare_ms)
+        if prepare_by_depth:  # the scalar is the deepest entry: given once, in the list
+            if prepare not in (0.0, prepare_by_depth[-1]):
+                raise EntmtpError("latency model: prepare_ms is prepare_ms_by_depth's last "
+                                  "entry: give the list alone")
+            prepare = prepare_by_depth[-1]
+        if fused_by_depth:
+            if fused not in (None, fused_by_depth[-1]):
+                raise EntmtpError("latency model: fused_empty_ms is fused_empty_ms_by_depth's "
+                                  "last entry: give the list alone")
+            fused = fused_by_depth[-1]
+        object.__setattr__(self, "prepare_ms", prepare)
         object.__setattr__(self, "fused_empty_ms", fused)
         object.__setattr__(self, "points", tuple(self.points))
         object.__setattr__(self, "prepare_ms_by_depth", prepare_by_depth)
@@ -364,11 +373,13 @@ class LatencyModel:
         out["warnings"] = self.warnings  # for a reader of the file: recomputed on load
         if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
             del out["fused_empty_ms"]
-        for name in ("prepare_ms_by_depth", "fused_empty_ms_by_depth"):
-            if out[name]:
-                out[name] = list(out[name])
-            else:  # optional: absent means one value for every depth
-                del out[name]
+        for scalar in ("prepare_ms", "fused_empty_ms"):
+            by_depth = f"{scalar}_by_depth"
+            if out[by_depth]:  # the list alone: its last entry is the scalar
+                out[by_depth] = list(out[by_depth])
+                del out[scalar]
+            else:  # absent: the scalar serves every depth
+                del out[by_depth]
         return out
 
     @classmethod
@@ -394,6 +405,10 @@ class LatencyModel:
         for key in ("prepare_ms_by_depth", "fused_empty_ms_by_depth", "measurements"):
             if key in obj:
                 require(obj, key, list, source=source, fix=fix)
+        for scalar in ("prepare_ms", "fused_empty_ms"):
+            if scalar in obj and f"{scalar}_by_depth" in obj:
+                raise EntmtpError(f"{source}: holds both {scalar} and {scalar}_by_depth, whose "
+                                  f"last entry it is: keep the list alone, or {fix}")
         if "hardware" in obj:
             require(obj, "hardware", dict, source=source, fix=fix)
         padded = require(obj, "padded_nodes", dict, source=source, fix=fix) \

@@ -153,10 +153,9 @@ def _fingerprint(profile: Profile, candidates: Sequence[Tree], latency: LatencyM
     digest = hashlib.sha256()
     digest.update(json.dumps([t.to_json() for t in candidates]).encode())
     digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms,
-                              latency.prepare_ms, latency.fused_empty_ms]).encode())
-    if latency.prepare_ms_by_depth or latency.fused_empty_ms_by_depth:  # older fingerprints hold
-        digest.update(json.dumps([latency.prepare_ms_by_depth,
-                                  latency.fused_empty_ms_by_depth]).encode())
+                              latency.prepare_ms, latency.fused_empty_ms,
+                              latency.prepare_ms_by_depth,
+                              latency.fused_empty_ms_by_depth]).encode())
     digest.update(np.ascontiguousarray(profile.entropy()).tobytes())
     digest.update(np.ascontiguousarray(profile.ranks()).tobytes())
     return digest.hexdigest()[:16]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from entmtp.calibrate import _profiler
+from entmtp.calibrate._greedy import greedy_generate
 from entmtp.calibrate._model import BaseModel
 from entmtp.calibrate._profiler import (
-    greedy_trajectories,
     profile_prompts,
     resolve_shard,
     shard_prompts,
@@ -120,8 +120,8 @@ def reference_trace(base: BaseModel, heads, ids: list[int], *, max_new_tokens, t
 def test_profile_matches_per_position_reference(head_type, topk):
     base, heads = tiny_base(), StandInHeads(head_type, 3)
     # make EOS a token the model actually emits, so some trajectories stop early
-    probe = greedy_trajectories(base.model, [base.encode_prompt(PROMPTS[1].text)],
-                                max_new_tokens=6, eos_token_ids=[], pad_token_id=0)[0]
+    probe = greedy_generate(base.model, [base.encode_prompt(PROMPTS[1].text)],
+                            max_new_tokens=6)[0].tokens
     base.tokenizer.eos_token_id = probe[3]
     base.model.config.eos_token_id = probe[3]
     profile = profile_prompts(base, heads, PROMPTS, max_new_tokens=9, topk=topk, batch_size=4)
@@ -158,28 +158,6 @@ def test_profile_with_the_real_draft_heads(head_type):
         np.testing.assert_allclose(trace.draft_entropy, draft, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_batched_generation_equals_unbatched(seed):
-    base = tiny_base(seed)
-    ids = [base.encode_prompt(p.text) for p in PROMPTS]
-    batched = greedy_trajectories(base.model, ids, max_new_tokens=12, eos_token_ids=[2])
-    single = [greedy_trajectories(base.model, [i], max_new_tokens=12, eos_token_ids=[2])[0]
-              for i in ids]
-    assert batched == single
-    assert len({tuple(t) for t in single}) == len(single)  # not a degenerate echo model
-
-
-def test_generation_stops_at_eos_inclusive():
-    base = tiny_base(2)
-    ids = base.encode_prompt("stop somewhere")
-    free = greedy_trajectories(base.model, [ids], max_new_tokens=10, eos_token_ids=[])[0]
-    assert len(free) == 10
-    stop = free[4]
-    cut = greedy_trajectories(base.model, [ids, [1, 5]], max_new_tokens=10,
-                              eos_token_ids=[stop])[0]
-    assert cut == free[: free.index(stop) + 1]
-
-
 def test_shards_merge_to_the_single_process_profile(tmp_path):
     base, heads = tiny_base(), StandInHeads("hydra", 2)
     single = profile_prompts(base, heads, PROMPTS, max_new_tokens=5, topk=20, batch_size=3)
@@ -209,13 +187,13 @@ def test_resume_skips_stored_prompts_and_gives_the_same_profile(tmp_path, monkey
     (tmp_path / ".prompt-0000001.npz.tmp").write_bytes(b"half written")  # ignored
 
     seen: list[list[int]] = []
-    real = _profiler.greedy_trajectories
+    real = _profiler.greedy_generate
 
     def counting(model, prompt_ids, **kwargs):
         seen.extend(list(ids) for ids in prompt_ids)
         return real(model, prompt_ids, **kwargs)
 
-    monkeypatch.setattr(_profiler, "greedy_trajectories", counting)
+    monkeypatch.setattr(_profiler, "greedy_generate", counting)
     done = []
     resumed = profile_prompts(base, heads, PROMPTS, max_new_tokens=5, shard_dir=tmp_path,
                               progress=lambda tokens, prompts: done.append(prompts))
@@ -276,19 +254,3 @@ def test_mismatched_heads_and_bad_options_raise():
         profile_prompts(base, StandInHeads("medusa", 2), PROMPTS, max_new_tokens=0)
     with pytest.raises(EntmtpError, match="twice"):
         profile_prompts(base, StandInHeads("medusa", 2), [PROMPTS[0], PROMPTS[0]])
-
-
-def test_generation_keeps_no_autograd_graph():
-    """Head-data generation calls this outside any no-grad block: with autograd on, every
-    step's activations would stay alive for the whole batch (gigabytes on the real model)."""
-    base = tiny_base(3)
-    seen: list[bool] = []
-    hook = base.model.register_forward_hook(
-        lambda module, args, output: seen.append(torch.is_grad_enabled()))
-    try:
-        assert torch.is_grad_enabled()
-        greedy_trajectories(base.model, [base.encode_prompt("no graph")], max_new_tokens=4,
-                            eos_token_ids=[])
-    finally:
-        hook.remove()
-    assert seen and not any(seen)

@@ -165,13 +165,35 @@ def test_real_heads_are_lossless(rt, setup, head_type):
         assert result.tokens == references[tuple(prompt)][:25]
 
 
-def test_autoregressive_matches_generate_and_logs_steps(rt, setup):
+@pytest.mark.parametrize("engine", ["auto", "eager"])
+def test_autoregressive_matches_generate_and_logs_steps(rt, setup, engine):
     model, references = setup
     for prompt in PROMPTS:
-        result = autoregressive_generate(model, torch.tensor([prompt]), max_new_tokens=20)
+        result = autoregressive_generate(model, torch.tensor([prompt]), max_new_tokens=20,
+                                         engine=engine)
         assert result.tokens == references[tuple(prompt)][:20]
         assert result.steps == 19 and result.mean_accept_length == 1.0
+        assert [s.position for s in result.step_log] == list(range(19))
         assert result.tokens_per_second > 0
+
+
+def test_autoregressive_on_a_model_the_static_runtime_cannot_run(rt):
+    """GPT-2 (learned positions) falls back to the eager runtime: the greedy loop at batch 1."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+                                       n_positions=128, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60.0)  # varied continuations, not one repeated token
+    prompt = torch.tensor([5, 17, 42, 9])
+    reference = rt.greedy_reference(model, prompt, 16)
+    assert len(set(reference)) > 1
+    result = autoregressive_generate(model, prompt, max_new_tokens=16)
+    assert result.tokens == reference and result.steps == 15
+    stop = reference[5]
+    cut = autoregressive_generate(model, prompt, max_new_tokens=16, eos_token_ids=[stop])
+    assert cut.tokens == reference[: reference.index(stop) + 1]
 
 
 def test_bad_arguments_raise_entmtp_errors(rt, setup):

@@ -95,9 +95,9 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
         hardware={"kind": "test", "threads": 2},
     )
     assert LatencyModel.from_json(json.loads(json.dumps(latency.to_json()))) == latency
-    older = latency.to_json()
-    del older["prepare_ms"]  # models measured before draft-entropy schedules existed
-    assert LatencyModel.from_json(older).prepare_ms == 0.0
+    without = latency.to_json()
+    del without["prepare_ms"]  # optional: absent means no preparation cost
+    assert LatencyModel.from_json(without).prepare_ms == 0.0
     assert latency.fused_empty_ms is None and "fused_empty_ms" not in latency.to_json()
     fused = dataclasses.replace(latency, fused_empty_ms=1.5)
     assert fused.to_json()["fused_empty_ms"] == 1.5
@@ -110,6 +110,13 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
     assert per_depth.to_json()["prepare_ms_by_depth"] == [0.25, 0.5, 0.75]
     assert LatencyModel.from_json(json.loads(json.dumps(per_depth.to_json()))) == per_depth
     assert "prepare_ms_by_depth" not in fused.to_json()  # absent: one value for every depth
+    # with the lists the file holds them alone; the scalars are their last entries
+    assert not {"prepare_ms", "fused_empty_ms"} & set(per_depth.to_json())
+    lists_only = LatencyModel.from_json(per_depth.to_json())
+    assert (lists_only.prepare_ms, lists_only.fused_empty_ms) == (0.75, 1.5)
+    for scalar, value in (("prepare_ms", 0.75), ("fused_empty_ms", 1.5)):
+        with pytest.raises(EntmtpError, match=f"both {scalar} and {scalar}_by_depth"):
+            LatencyModel.from_json({**per_depth.to_json(), scalar: value})
 
 
 def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scalar() -> None:
@@ -125,6 +132,10 @@ def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scala
     unfused = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0,
                            prepare_ms_by_depth=(1.0, 2.0))
     assert unfused.fused_empty_cost(1) is None and unfused.prepare_cost(2) == 2.0
+    assert unfused.prepare_ms == 2.0  # the deepest entry, set from the list
+    fused_lists = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0,
+                               fused_empty_ms_by_depth=(10.5, 11.0))
+    assert fused_lists.fused_empty_ms == 11.0 and fused_lists.fused_empty_cost(1) == 10.5
 
 
 @pytest.mark.parametrize(
@@ -147,7 +158,10 @@ def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scala
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms_by_depth": (float("nan"),)},
         {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": 2.0,
          "fused_empty_ms_by_depth": (2.0, float("inf"))},
-        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms_by_depth": (2.0,)},  # no scalar
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "prepare_ms": 1.5,
+         "prepare_ms_by_depth": (1.0, 2.0)},  # the scalar is the list's last entry
+        {"nodes": (0, 4), "verify_ms": (1.0, 2.0), "fused_empty_ms": 2.5,
+         "fused_empty_ms_by_depth": (2.0,)},
     ],
 )
 def test_bad_values_rejected(kwargs) -> None:
@@ -196,6 +210,8 @@ def test_bundle_schema_takes_the_optional_fused_empty_ms() -> None:
                                     fused_empty_ms_by_depth=(79.0, 80.0))
     assert validator.is_valid(per_depth.to_json())
     assert not validator.is_valid({**per_depth.to_json(), "prepare_ms_by_depth": [-1.0]})
+    assert not validator.is_valid({**per_depth.to_json(), "prepare_ms": 2.0})  # list alone
+    assert not validator.is_valid({**per_depth.to_json(), "fused_empty_ms": 80.0})
 
 
 # -- noise and checks ---------------------------------------------------------------------------

@@ -54,8 +54,8 @@ def make_latency(rng: np.random.Generator) -> LatencyModel:
     model = LatencyModel(
         nodes, verify, autoregressive_ms=float(rng.uniform(1.0, 100.0)),
         depth_ms=float(rng.choice([0.0, rng.uniform(0.0, 20.0)])),
-        prepare_ms=float(rng.uniform(0.0, 30.0)),
-        fused_empty_ms=float(rng.uniform(0.0, 120.0)) if fused else None,
+        prepare_ms=float(rng.uniform(0.0, 30.0)) if not by_depth else 0.0,
+        fused_empty_ms=float(rng.uniform(0.0, 120.0)) if fused and not by_depth else None,
         prepare_ms_by_depth=tuple(rng.uniform(0.0, 30.0, HEADS).tolist()) if by_depth else (),
         fused_empty_ms_by_depth=(tuple(rng.uniform(0.0, 120.0, HEADS).tolist())
                                  if by_depth and fused else ()),

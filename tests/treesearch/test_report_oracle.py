@@ -30,8 +30,6 @@ def adversarial_latency(seed: int) -> LatencyModel:
     verify = tuple(rng.uniform(30.0, 400.0, len(nodes)).tolist())
     return LatencyModel(nodes, verify, autoregressive_ms=float(rng.uniform(20.0, 80.0)),
                         depth_ms=float(rng.uniform(0.0, 5.0)),
-                        prepare_ms=float(rng.uniform(0.0, 10.0)),
-                        fused_empty_ms=float(rng.uniform(5.0, 70.0)),
                         prepare_ms_by_depth=tuple(rng.uniform(0.0, 10.0, 4).tolist()),
                         fused_empty_ms_by_depth=tuple(rng.uniform(5.0, 70.0, 4).tolist()),
                         hardware={"kind": "measured"})
