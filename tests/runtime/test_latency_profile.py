@@ -350,8 +350,11 @@ def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, 
     """Each round times, at each context, every measured tree's base-entropy step, the empty
     tree's plain step (autoregressive), and per draft depth the fused empty step (fusing heads)
     or the heads' preparation (other heads): the engine's step objects, nothing else."""
+    from entmtp.runtime import _latency_profile
     from entmtp.runtime._static_step import PrepareStep, TreeStep
 
+    # real timings on a shared machine may show a dip: no padded rounds here (tested below)
+    monkeypatch.setattr(_latency_profile, "with_padding", lambda model: model)
     runs = _record_static_runs(monkeypatch)
     model = rt.sharp_llama(6)
     heads = new_heads(model, head_type=head_type, num_heads=2, seed=0, shared_lm_head=shared)
@@ -417,9 +420,9 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
     from entmtp.runtime import _latency_profile
     from entmtp.runtime._static_step import StaticEngine
 
-    if padded:
-        monkeypatch.setattr(_latency_profile, "with_padding",
-                            lambda model: replace(model, padded_nodes=((2, 5),)))
+    # a fixed table (real timings on a shared machine may show any dip)
+    monkeypatch.setattr(_latency_profile, "with_padding",
+                        lambda model: replace(model, padded_nodes=((2, 5),) if padded else ()))
 
     captured, timing = [], []
     if graphs:
