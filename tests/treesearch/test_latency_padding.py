@@ -203,3 +203,24 @@ def test_the_bundle_schema_takes_a_padded_latency_model():
     validator = Draft202012Validator(bundle_schema()["properties"]["latency"])
     assert validator.is_valid(obj)
     assert not validator.is_valid(obj | {"padded_nodes": {"x": 8}})
+
+
+def test_a_padded_model_is_another_search_input_and_the_report_says_it_pads():
+    from entmtp.treesearch._run import latency_lines
+    from entmtp.treesearch._schedule_search import _fingerprint
+    from entmtp.treesearch._synthetic import synthetic_profile
+    from entmtp.treesearch._tree import Tree
+
+    nodes, verify = (0, 4, 8), (10.0, 30.0, 20.0)
+    points = (*_points(nodes, verify, [1.0] * 3),
+              LatencyPoint("tree", 128, 99.0, 99.0, 50.0, 10, nodes=4, depth=1, padded_to=8))
+    raw = LatencyModel(nodes, verify, autoregressive_ms=10.0, points=points)
+    padded = with_padding(raw)
+    profile = synthetic_profile(num_traces=2, positions=40, num_heads=3, topk=4, seed=1)
+    trees = [Tree.from_paths([]), Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])]
+    # a study searched under raw prices is not resumed under padded ones
+    assert _fingerprint(profile, trees, raw) != _fingerprint(profile, trees, padded)
+    text = "\n".join(latency_lines(padded))
+    assert "padded widths (cheaper beyond noise): 3-7->8 nodes" in text
+    assert "| step, 4 nodes | 30.00 | 1 |" in text  # the padded step's point is not the knot's
+    assert "padded widths" not in "\n".join(latency_lines(raw))
