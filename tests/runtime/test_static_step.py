@@ -84,13 +84,15 @@ def test_every_tree_is_token_identical_to_eager_and_generate(rt, setup, head_typ
             assert got.tokens == reference[: min(stop, max_new)], (name, prompt)
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("window", ["filled", "full"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_real_heads_on_random_trees(rt, setup, head_type, window):
+def test_real_heads_on_random_trees(rt, setup, head_type, window, padded):
     model, references = setup
     heads = _noisy_heads(model, head_type)
     rng = np.random.default_rng(5)
-    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window,
+                                padded_nodes=PADDING if padded else None)
     eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
     for case in range(4):
         tree = rt.random_tree(rng, int(rng.integers(0, 60)), depth=NUM_HEADS, topk=TOPK)
