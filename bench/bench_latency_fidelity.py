@@ -27,6 +27,7 @@ import torch
 
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.cli._live import encode_prompts, load_base, load_heads_for, load_task_prompts
+from entmtp.core import HEAD_TYPES
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._latency_profile import budget_tree, fixed_context_steps
 from entmtp.runtime._scheduler import StaticScheduler
@@ -70,7 +71,7 @@ def growing_steps(decoder: SpeculativeDecoder, prompt: torch.Tensor, tree: Tree,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="code")
-    parser.add_argument("--head-type", default="hydra", choices=["medusa", "hydra"])
+    parser.add_argument("--head-type", default="hydra", choices=HEAD_TYPES)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from entmtp.cli._live import (
-    bundle_schedule,
     check_bundle_fits,
     encode_prompts,
     load_heads_for,
@@ -58,7 +57,7 @@ def run_bundle(args: argparse.Namespace, base, heads, bundle, dtype: str) -> dic
     eos = sorted(base.eos_token_ids)
     rows = []
     for prompt in prompts:
-        decoded = decoder.generate(prompt.ids, BundleScheduler(bundle_schedule(bundle)),
+        decoded = decoder.generate(prompt.ids, BundleScheduler(bundle.schedule()),
                                    max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
         plain = autoregressive_generate(base.model, prompt.ids,
                                         max_new_tokens=args.max_new_tokens, eos_token_ids=eos)

@@ -23,6 +23,7 @@ from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._profiler import profile_prompts
 from entmtp.calibrate._tasks import load_prompts
+from entmtp.core import HEAD_TYPES
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head-type", default="medusa", choices=["medusa", "hydra"])
+    parser.add_argument("--head-type", default="medusa", choices=HEAD_TYPES)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()

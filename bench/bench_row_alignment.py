@@ -11,12 +11,12 @@ machine; it names the CPU.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
 import torch
 
 from entmtp.calibrate._row_gemm import project_rows
+from entmtp.core import cpu_name
 
 # SmolLM2-135M's matrices: [out, in] and products per timing.
 SHAPES = {"q_proj": (576, 576, 200), "k_proj": (192, 576, 200), "mlp_up": (1536, 576, 200),
@@ -40,9 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    print(f"CPU: {cpu}, torch {torch.__version__}, threads {args.threads}")
+    print(f"CPU: {cpu_name()}, torch {torch.__version__}, threads {args.threads}")
     for name, (out, inp, repeats) in SHAPES.items():
         weight = torch.randn(out, inp)
         times = {rows: ms_per_product(weight, rows, repeats) for rows in ROWS}

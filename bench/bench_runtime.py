@@ -27,6 +27,7 @@ import torch
 from entmtp.calibrate._heads import load_heads, new_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.core import HEAD_TYPES
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._kv_cache import compact_cache, truncate_cache
 from entmtp.runtime._latency_profile import budget_tree
@@ -99,7 +100,7 @@ def step_breakdown(decoder: SpeculativeDecoder, ids: list[int], tree, repeats: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-type", default="medusa", choices=("medusa", "hydra"))
+    parser.add_argument("--head-type", default="medusa", choices=HEAD_TYPES)
     parser.add_argument("--heads", default=None)
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=48)

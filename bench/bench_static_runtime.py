@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from importlib import resources
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from entmtp.calibrate._heads import load_heads, new_heads
+from entmtp.core import HEAD_TYPES, cpu_name, describe_machine
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._latency_profile import budget_tree
 from entmtp.runtime._scheduler import StaticScheduler
@@ -39,16 +39,6 @@ PROMPTS = [
     "Solve: a train travels 60 km in 45 minutes. What is its speed in km/h?",
 ]
 ENGINES = ("eager", "static")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def tiny_setup(head_types):
@@ -106,8 +96,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--nodes", type=int, nargs="+", default=[0, 4, 16, 64])
-    parser.add_argument("--head-types", nargs="+", default=["medusa", "hydra"],
-                        choices=("medusa", "hydra"))
+    parser.add_argument("--head-types", nargs="+", default=list(HEAD_TYPES),
+                        choices=HEAD_TYPES)
     parser.add_argument("--topk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--tiny", action="store_true",
@@ -168,8 +158,8 @@ def main() -> None:
               f"{row['ratio_median']:12.3f}x {row['ratio_min']:6.3f}..{row['ratio_max']:<6.3f} "
               f"{row['identical']}")
     if args.json:
-        meta = {"cpu": cpu_name(), "torch": torch.__version__,
-                "threads": torch.get_num_threads(), "model": model_name,
+        meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
+                "torch": torch.__version__, "model": model_name,
                 "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                 "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import torch
 
+from entmtp.calibrate import resolve_dtype
 from entmtp.calibrate._heads import new_heads
+from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, device_name
 from entmtp.runtime._decode import (
     SpeculativeDecoder,
     autoregressive_engine,
@@ -49,7 +51,6 @@ from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule
 from entmtp.treesearch._tree import Tree
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # SmolLM2-135M-Instruct's config (its config.json).
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
@@ -68,7 +69,7 @@ def build(device: str, dtype: torch.dtype, tiny: bool):
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(dtype).eval()
     heads = {}
-    for index, head_type in enumerate(("medusa", "hydra")):
+    for index, head_type in enumerate(HEAD_TYPES):
         made = new_heads(model, head_type=head_type, num_heads=4, seed=index)
         generator = torch.Generator(device="cpu").manual_seed(10 + index)
         with torch.no_grad():
@@ -86,7 +87,7 @@ def arms(heads):
     sixty_four = budget_tree(64, 4, topk=TOPK, num_heads=4)
     deep = budget_tree(32, 4, topk=TOPK, num_heads=4)
     out = [("autoregressive", None, None)]
-    for head_type in ("medusa", "hydra"):
+    for head_type in HEAD_TYPES:
         for name, tree in (("chain4", chain), ("mc_sim_7b_63", mc), ("64 nodes", sixty_four),
                            ("128 nodes", big)):
             out.append((f"{head_type} {name}", heads[head_type], StaticScheduler(tree)))
@@ -202,7 +203,7 @@ def step_ms(results) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_ALIASES))
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
@@ -210,15 +211,15 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
 
-    model, heads = build(args.device, DTYPES[args.dtype], args.tiny)
+    model, heads = build(args.device, resolve_dtype(args.dtype), args.tiny)
     vocab = model.config.vocab_size
     prompts = [[1 + (7 * i + 13 * j) % (vocab - 1) for j in range(12 + 5 * i)]
                for i in range(args.prompts)]
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"device {device_name}, torch {torch.__version__}, dtype {args.dtype}, "
+    device = device_name(args.device)
+    print(f"device {device}, torch {torch.__version__}, dtype {args.dtype}, "
           f"{'tiny' if args.tiny else 'SmolLM2-135M architecture'}, random weights; "
           f"{len(prompts)} prompts x {args.new_tokens} new tokens")
-    report = {"device": device_name, "torch": torch.__version__, "dtype": args.dtype,
+    report = {"device": device, "torch": torch.__version__, "dtype": args.dtype,
               "model": "tiny" if args.tiny else "SmolLM2-135M architecture, random weights",
               "new_tokens": args.new_tokens, "prompts": len(prompts), "rounds": args.rounds,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": []}

@@ -9,6 +9,7 @@ _EXPORTS = {
     "BaseModel": "._model",
     "load_base_model": "._model",
     "model_fingerprint": "._model",
+    "resolve_dtype": "._model",
     "TASKS": "._tasks",
     "TaskPrompt": "._tasks",
     "load_prompts": "._tasks",

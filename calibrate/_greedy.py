@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 from ._cache_keyword import cache_keyword, returned_cache
 

@@ -39,8 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entmtp.treesearch._atomic import atomic_write, atomic_write_json
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write, atomic_write_json
 from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json
 
 from ._greedy import greedy_generate

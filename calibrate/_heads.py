@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError
 
 from ._row_gemm import project_rows, use_few_row_kernel
 
@@ -54,7 +54,6 @@ HEADS_FORMAT = "entmtp-heads"
 HEADS_FORMAT_VERSION = 1
 HEADS_WEIGHTS = "heads.safetensors"
 HEADS_CONFIG = "config.json"
-HEAD_TYPES = ("medusa", "hydra")
 
 
 class ResBlock(nn.Module):

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from entmtp.treesearch._atomic import atomic_write_json
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_json, dtype_name
 
 from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir
@@ -44,15 +43,8 @@ CHAT_END_TOKENS = (
     "<end_of_turn>",
     "</s>",
 )
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
+# The one map from dtype names (entmtp.core's, any of their aliases) to torch dtypes.
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -163,9 +155,7 @@ def load_base_model(
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in _DTYPES:
-        raise EntmtpError(f"unknown dtype {dtype!r}: use float32, float16 or bfloat16")
-    return _DTYPES[dtype]
+    return _TORCH_DTYPES[dtype_name(dtype)]
 
 
 def default_gguf_path() -> Path:

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from entmtp.treesearch._atomic import atomic_write
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError, atomic_write
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 
 from ._greedy import greedy_generate
@@ -151,7 +150,7 @@ def profile_prompts(
 
 
 def _check_heads_fit(base: BaseModel, heads: Any) -> None:
-    if heads.head_type not in ("medusa", "hydra"):
+    if heads.head_type not in HEAD_TYPES:
         raise EntmtpError(f"unknown head type {heads.head_type!r}: use medusa or hydra")
     if heads.hidden_size != base.hidden_size or heads.vocab_size != base.vocab_size:
         raise EntmtpError(

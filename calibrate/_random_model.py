@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 from ._model import CACHE_MARKER, default_gguf_path, file_sha256, resolve_dtype
 from ._row_gemm import use_few_row_kernel

@@ -32,8 +32,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.treesearch._atomic import atomic_write_json
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_json
 from entmtp.treesearch._readers import read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")

@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from entmtp.treesearch._atomic import atomic_write
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write
 
 from ._greedy import greedy_generate
 from ._heads import DraftHeads, _unwrap_base

@@ -40,7 +40,6 @@ from ._live import (
     MethodRuns,
     accept_only_latency,
     autoregressive_method,
-    bundle_schedule,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
@@ -348,7 +347,7 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "
                 arm.row_name(BEST_STATIC), decoder, StaticScheduler(static), eos=eos,
                 info={"role": BEST_STATIC, "heads": arm.head_type, **tree_info(static)}))
         methods.append(speculative_method(
-            arm.row_name(ENTMTP), decoder, BundleScheduler(bundle_schedule(arm.bundle)), eos=eos,
+            arm.row_name(ENTMTP), decoder, BundleScheduler(arm.bundle.schedule()), eos=eos,
             info={"role": ENTMTP, "heads": arm.head_type, "trees": len(arm.bundle.trees)}))
     return methods, decoders
 
@@ -357,10 +356,8 @@ def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
     """Where and when the rows were measured (the README's results table cites it)."""
     from entmtp.runtime._latency_profile import hardware_info
 
-    from ._latency_cmd import cpu_name
-
     info = hardware_info(model)
-    info.update(cpu_name=cpu_name(), torch_threads=torch_threads,
+    info.update(torch_threads=torch_threads,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     return info
 
@@ -402,7 +399,7 @@ def predict(arm: BundleArm, profile: Profile, runs: Sequence[MethodRuns],
     by_name = {run.name: run for run in runs}
     row = next(r for r in rows if r["name"] == arm.row_name(ENTMTP))
     live = by_name[row["name"]]
-    schedule_spec = bundle_schedule(bundle)
+    schedule_spec = bundle.schedule()
     schedule = replay(profile, schedule_spec, latency)
     steps = compare_steps(live.results, schedule, prompt_ids)
     trees = list(bundle.trees)

@@ -13,7 +13,6 @@ from entmtp.treesearch import EntmtpError
 
 from ._errors import user_errors
 from ._live import (
-    bundle_schedule,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
@@ -115,7 +114,7 @@ def decode(
     options = {}
     if supports_step_callback(decoder):
         options[STEP_CALLBACK] = lambda _step, new_tokens: stream.add(new_tokens)
-    result = decoder.generate(ids, BundleScheduler(bundle_schedule(bundle)),
+    result = decoder.generate(ids, BundleScheduler(bundle.schedule()),
                               max_new_tokens=max_new_tokens,
                               eos_token_ids=sorted(base.eos_token_ids), **options)
     stream.finish(result.tokens)

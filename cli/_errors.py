@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import typer
 
-from entmtp.treesearch import EntmtpError
+from entmtp.core import EntmtpError, missing_extra
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -19,7 +19,8 @@ def debug_enabled() -> bool:
 
 
 def user_errors(fn: F) -> F:
-    """Turn EntmtpError into ``entmtp: error: ...`` on stderr and exit code 2."""
+    """Turn EntmtpError, and a missing optional extra, into ``entmtp: error: ...`` on stderr
+    and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -29,6 +30,12 @@ def user_errors(fn: F) -> F:
             if debug_enabled():
                 raise
             typer.echo(f"entmtp: error: {err}", err=True)
+            raise typer.Exit(2) from None
+        except ModuleNotFoundError as err:  # an optional extra is not installed
+            message = missing_extra(err)
+            if message is None or debug_enabled():
+                raise
+            typer.echo(f"entmtp: error: {message}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("entmtp: interrupted; re-run the same command to resume", err=True)

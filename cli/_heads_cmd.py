@@ -312,7 +312,7 @@ def eval_command(
     from entmtp.calibrate._heads import load_heads
     from entmtp.calibrate._train import accuracy_table as markdown_table
     from entmtp.calibrate._train import head_accuracy
-    from entmtp.treesearch._atomic import atomic_write_json
+    from entmtp.core import atomic_write_json
 
     _read_index(from_data)
     base = load_base(model, device=device, dtype=dtype)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +19,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from entmtp.core import HEAD_TYPES, SYNTHETIC_LABEL, atomic_write, hardware_label, hardware_slug
 from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
-from entmtp.treesearch._atomic import atomic_write
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -36,8 +34,6 @@ from ._model_setup import (
 )
 from ._runs import RunDir, load_front, search_stage
 from .app import app
-
-SYNTHETIC_LABEL = "synthetic, not measured"
 
 
 # -- option parsing --------------------------------------------------------------------------
@@ -57,58 +53,20 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[
 
 
 # -- hardware description --------------------------------------------------------------------
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return cpu_name()
-
-
 def describe_hardware(
-    *, device: str, dtype: str, model_name: str, random_weights: bool, head_type: str,
-    num_heads: int,
+    *, dtype: str, model_name: str, random_weights: bool, head_type: str, num_heads: int,
 ) -> dict[str, Any]:
-    """What a latency model (and each bundle searched with it) records about where it was
-    measured."""
-    import torch
-    import transformers
-
+    """What a latency model (and each bundle searched with it) records about the measurement,
+    beside the machine record the profiler writes (``entmtp.core.describe_machine``)."""
     return {
         "kind": "measured",
-        "device": device.split(":")[0],
-        "device_name": device_name(device),
         "dtype": dtype,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "model": model_name,
         "random_weights": random_weights,
         "head_type": head_type,
         "num_heads": num_heads,
         "measured_on": datetime.date.today().isoformat(),
     }
-
-
-def hardware_slug(hardware: Mapping[str, Any]) -> str:
-    """A folder-name tag for a latency model: ``nvidia-h200-bfloat16``, ``synthetic-gpu``."""
-    parts = [str(hardware.get("device_name") or hardware.get("kind") or "")]
-    if hardware.get("dtype"):
-        parts.append(str(hardware["dtype"]))
-    slug = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")[:60].strip("-")
-    return slug or "retargeted"
 
 
 def _is_synthetic(model: LatencyModel) -> bool:
@@ -119,20 +77,6 @@ def curve_label(name: str, model: LatencyModel) -> str:
     if _is_synthetic(model) and SYNTHETIC_LABEL not in name:
         return f"{name} ({SYNTHETIC_LABEL})"
     return name
-
-
-def hardware_label(hw: Mapping[str, Any], fallback: str) -> str:
-    """``NVIDIA H200, bfloat16, SmolLM2-...``; synthetic models say that they are synthetic."""
-    if str(hw.get("kind", "")).startswith("synthetic"):
-        return f"{hw['kind']} ({SYNTHETIC_LABEL})"
-    pieces = [str(hw.get("device_name") or fallback)]
-    if hw.get("dtype"):
-        pieces.append(str(hw["dtype"]))
-    if hw.get("device") == "cpu" and hw.get("torch_threads"):
-        pieces.append(f"{hw['torch_threads']} thread{'s' if hw['torch_threads'] != 1 else ''}")
-    if hw.get("model"):
-        pieces.append(str(hw["model"]))
-    return ", ".join(pieces)
 
 
 def default_label(model: LatencyModel, fallback: str) -> str:
@@ -247,8 +191,6 @@ def load_for_latency(
         from entmtp.calibrate._heads import load_heads, new_heads
         from entmtp.calibrate._random_model import random_model
 
-        from ._model_setup import HEAD_TYPES
-
         if head_type not in HEAD_TYPES:
             raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
         built = random_model(model, dtype=dtype, device=device, seed=seed)
@@ -310,7 +252,7 @@ def measure_latency(
         measured = profile_latency(base, draft, engine=engine, graphs=graphs,
                                    **{k: v for k, v in options.items() if v is not None})
         hardware = describe_hardware(
-            device=device, dtype=dtype_name, model_name=name, random_weights=random_weights,
+            dtype=dtype_name, model_name=name, random_weights=random_weights,
             head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
         )
     finally:

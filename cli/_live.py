@@ -12,8 +12,8 @@ from typing import Any
 
 from rich.console import Console
 
-from entmtp.treesearch import Bundle, EntmtpError, LatencyModel, Profile, Schedule, load_bundle
-from entmtp.treesearch._atomic import atomic_write_json
+from entmtp.core import atomic_write_json
+from entmtp.treesearch import Bundle, EntmtpError, LatencyModel, Profile, load_bundle
 from entmtp.treesearch._profile import ProfileMeta, Trace
 from entmtp.treesearch._replay import ReplayResult
 
@@ -35,11 +35,6 @@ def read_bundle(source: Path) -> tuple[Path, Bundle]:
 
     path = resolve_bundle_path(Path(source))
     return path, load_bundle(path)
-
-
-def bundle_schedule(bundle: Bundle) -> Schedule:
-    """The bundle's entropy schedule (in nats) as the replay and the runtime scheduler take it."""
-    return bundle.schedule()
 
 
 def check_bundle_fits(bundle: Bundle, base, heads) -> None:

@@ -8,16 +8,10 @@ from pathlib import Path
 
 import typer
 
-from entmtp.treesearch import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError, dtype_name
 
-HEAD_TYPES = ("medusa", "hydra")
 # Heads trained for the default model, shipped as package data (see trees/heads/README.md).
 SHIPPED_HEADS = {"medusa": "smollm2-135m-medusa", "hydra": "smollm2-135m-hydra"}
-DTYPES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32",
-}
 
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,
@@ -64,10 +58,7 @@ def check_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
 
 def resolve_dtype_name(dtype: str) -> str:
     """``--dtype`` as torch's name (``bf16`` -> ``bfloat16``)."""
-    name = DTYPES.get(dtype.lower())
-    if name is None:
-        raise EntmtpError(f"--dtype {dtype!r}: use bf16, fp16 or fp32")
-    return name
+    return dtype_name(dtype, option="--dtype")
 
 
 def check_device(device: str) -> str:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entmtp.treesearch._atomic import atomic_write
+from entmtp.core import atomic_write
 
 
 def _pyplot():

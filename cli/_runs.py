@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from entmtp.core import atomic_write_json, atomic_write_text
 from entmtp.treesearch import (
     AcceptanceTable,
     EntmtpError,
@@ -24,7 +25,6 @@ from entmtp.treesearch import (
     save_bundle,
     search,
 )
-from entmtp.treesearch._atomic import atomic_write_json, atomic_write_text
 from entmtp.treesearch._readers import read_json, require
 from entmtp.treesearch._run import outcome_to_json, report_markdown
 

@@ -28,7 +28,6 @@ from ._live import (
     MethodRuns,
     accept_only_latency,
     autoregressive_method,
-    bundle_schedule,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
@@ -72,7 +71,7 @@ def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: Method
             topk=max(topk) if isinstance(topk, tuple) else int(topk),
         )
     latency = bundle.latency or accept_only_latency()
-    replayed = replay(profile, bundle_schedule(bundle), latency)
+    replayed = replay(profile, bundle.schedule(), latency)
     comparison = compare_steps(live.results, replayed, [p.prompt_id for p in prompts])
     return {
         "replay_step_agreement": comparison.agreement,
@@ -159,7 +158,7 @@ def validate(
                                  graphs=graphs, padded_nodes=bundle_padding(bundle, pad))
     console.print(f"[dim]{decoder.runtime_note}[/dim]")
     eos = sorted(base.eos_token_ids)
-    entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle_schedule(bundle)),
+    entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle.schedule()),
                                 eos=eos)
     reference = autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)
     live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,

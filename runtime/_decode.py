@@ -55,7 +55,7 @@ from transformers.cache_utils import DynamicCache
 
 from entmtp.calibrate._greedy import greedy_steps
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base

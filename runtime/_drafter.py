@@ -24,12 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from entmtp.calibrate._row_gemm import project_rows
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError
 
 from ._tree_attention import TreePlan
 from ._verify import LOGIT_TRANSFORMS
-
-HEAD_TYPES = ("medusa", "hydra")
 
 
 @dataclass(frozen=True)

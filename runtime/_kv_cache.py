@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:

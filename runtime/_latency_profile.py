@@ -73,8 +73,6 @@ against the price ``step_ms`` gives them.
 from __future__ import annotations
 
 import heapq
-import os
-import platform
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -85,7 +83,7 @@ import torch
 
 from entmtp.calibrate._row_gemm import uses_few_row_kernel
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError, describe_machine
 from entmtp.treesearch._latency import LatencyModel, LatencyPoint, with_padding
 from entmtp.treesearch._tree import Tree
 
@@ -168,22 +166,16 @@ def _unwrap_model(model: Any) -> torch.nn.Module:
 
 
 def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
-    """Where the measurement ran: device name, torch/transformers versions, CPU count, dtype."""
+    """Where the measurement ran: the machine (``entmtp.core.describe_machine``, the same record
+    every command writes), torch/transformers versions, dtype, attention and linear kernels."""
     import transformers
 
     weight = model.get_output_embeddings().weight
     device = weight.device
-    if device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-    else:
-        device_name = platform.processor() or platform.machine() or "cpu"
     return {
-        "device": str(device),
-        "device_name": device_name,
+        **describe_machine(str(device), torch_threads=torch.get_num_threads()),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
         "dtype": str(weight.dtype).replace("torch.", ""),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         # the few-row kernel hands any non-CPU weight to F.linear (calibrate/_row_gemm.py)

@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY
 from entmtp.treesearch._tree import Tree
 
 if TYPE_CHECKING:
-    from entmtp.treesearch._bundle import Bundle
     from entmtp.treesearch._schedule import Schedule
 
 
@@ -75,7 +74,8 @@ class StaticScheduler:
 class BundleScheduler:
     """Entropy-switched trees: ``schedule.tree_index(estimate)`` picks from ``schedule.trees``.
 
-    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds in nats, estimator, signal).
+    ``schedule`` is a treesearch ``Schedule`` (trees, thresholds in nats, estimator, signal); a
+    bundle's is ``bundle.schedule()``.
     On ``base_entropy`` its estimator's ``new_state()`` is used as is, so the live estimate is
     the one the offline replay computes from the same entropies (nats, as
     ``entropy_from_logits`` measures them). On ``draft_entropy`` the estimate is the value given
@@ -86,16 +86,9 @@ class BundleScheduler:
         self.schedule = schedule
         self.signal = schedule.signal
         self.needs_draft_entropy = self.signal == DRAFT_ENTROPY
-        self.trees = tuple(
-            t if isinstance(t, Tree) else Tree.from_paths(t) for t in schedule.trees
-        )
+        self.trees = schedule.trees
         self._state = None
         self._draft: float | None = None  # this step's draft entropy, until choose uses it
-
-    @classmethod
-    def from_bundle(cls, bundle: Bundle) -> BundleScheduler:
-        """The schedule a treesearch ``Bundle`` ships: ``bundle.schedule()``, in nats."""
-        return cls(bundle.schedule())
 
     def reset(self) -> None:
         self._state = self.schedule.estimator.new_state()

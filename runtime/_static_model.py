@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 # Model types whose decoder layer is Llama's block (pre-norm attention with RoPE and GQA, gated
 # MLP), and rope types whose inverse frequencies never change with the sequence length.

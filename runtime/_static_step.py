@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._latency import padding_summary
 from entmtp.treesearch._tree import Tree
 

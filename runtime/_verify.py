@@ -11,7 +11,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from entmtp.calibrate._cache_keyword import cache_keyword
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 from ._tree_attention import TreePlan
 

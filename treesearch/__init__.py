@@ -3,6 +3,8 @@
 Imports neither torch nor transformers.
 """
 
+from entmtp.core import EntmtpError
+
 from ._acceptance import (
     AcceptanceTable,
     accept_lengths,
@@ -14,7 +16,6 @@ from ._acceptance import (
     independence_expected_accept_length,
 )
 from ._bundle import Bundle, bundle_from_json, bundle_to_json, load_bundle, save_bundle
-from ._errors import EntmtpError
 from ._estimator import EntropyEstimator, EstimatorState
 from ._exports import EXPORT_FORMATS, export
 from ._greedy import best_tree, best_trees

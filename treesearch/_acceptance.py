@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._tree import Path, Tree
 
 ACCEPTANCE_TABLE_FORMAT = "entmtp-acceptance-table"

@@ -7,7 +7,8 @@ never chosen), the estimator that produces the running estimate, the
 model and heads it was calibrated for, and what the replay predicted. The JSON Schema ships as
 package data (``bundle.schema.json``); ``load_bundle`` checks it and then what a schema cannot
 (prefix-closed paths, ranks below top-k, depth within the heads, counts that match, finite
-numbers). Every rejection is one ``EntmtpError`` line that names the file and the field.
+numbers), with the checks ``Tree`` and ``Schedule`` use. Every rejection is one ``EntmtpError``
+line that names the file and the field.
 
 Optional fields: ``best_static`` (the best single static tree on the same replay, by index into
 ``trees`` or by its own paths; exports default to it) and ``latency`` (the LatencyModel JSON the
@@ -24,19 +25,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._atomic import atomic_write_text
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_text
+
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._readers import check_values, parse_json, read_bytes
 from ._readers import field_name as _field
 from ._readers import short as _short
-from ._schedule import Schedule, check_signal
+from ._schedule import Schedule, check_signal, check_thresholds
 from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
 BUNDLE_FORMAT_VERSION = 1
-HEAD_TYPES = ("medusa", "hydra")
 ENTROPY_UNITS = ("nats", "bits")
 _NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"
@@ -108,7 +108,6 @@ class Bundle:
     latency: LatencyModel | None = None
 
     def __post_init__(self) -> None:
-        self.thresholds = [float(t) for t in self.thresholds]
         self.trees = list(self.trees)
         self.tree_stats = list(self.tree_stats)
         if not self.trees:
@@ -117,19 +116,14 @@ class Bundle:
             raise EntmtpError(
                 f"bundle: tree_stats: {len(self.tree_stats)} stats for {len(self.trees)} trees"
             )
-        if len(self.thresholds) != len(self.trees) - 1:
-            raise EntmtpError(
-                f"bundle: thresholds: {len(self.thresholds)} thresholds for {len(self.trees)} "
-                f"trees: give exactly {len(self.trees) - 1}"
-            )
-        if any(b < a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
-            raise EntmtpError(f"bundle: thresholds: {self.thresholds} must ascend")
-        nats_per_unit(self.entropy.unit)
-        check_signal(self.entropy.signal, self.entropy.estimator)
+        self.thresholds = list(check_thresholds(self.thresholds, len(self.trees),
+                                                context="bundle: "))
+        self.schedule()  # checks the unit, the signal and its estimator
 
     def schedule(self) -> Schedule:
-        """The bundle's entropy schedule in nats: what the replay and the live scheduler use.
+        """The bundle's entropy schedule in nats: the one way from a bundle to what runs.
 
+        The replay takes it as is and the runtime runs ``BundleScheduler(bundle.schedule())``.
         Profiles and the live decoder measure entropies in nats, so thresholds stored in bits
         are converted here (and only here). Equal thresholds stay: that tree is never chosen.
         """
@@ -393,7 +387,8 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
     stats: list[TreeStats] = []
     for i, tree_obj in enumerate(obj["trees"]):
         where = f"trees[{i}]"
-        tree = _build_tree(tree_obj["paths"], f"{source}: {where}.paths", topk, num_heads)
+        tree = Tree.from_paths(tree_obj["paths"], topk=topk, num_heads=num_heads,
+                               where=f"{source}: {where}.paths")
         for name, actual in (("num_nodes", tree.num_nodes), ("depth", tree.depth)):
             if int(tree_obj[name]) != actual:
                 raise EntmtpError(
@@ -408,18 +403,7 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         trees.append(tree)
         stats.append(TreeStats(accept, float(tree_obj["latency_ms"])))
 
-    thresholds = [float(t) for t in obj["thresholds"]]
-    if len(thresholds) != len(trees) - 1:
-        raise EntmtpError(
-            f"{source}: thresholds: {len(thresholds)} values for {len(trees)} trees: give "
-            f"exactly {len(trees) - 1} (tree i serves estimates in [t(i-1), t(i)))"
-        )
-    for i in range(1, len(thresholds)):
-        if thresholds[i] < thresholds[i - 1]:
-            raise EntmtpError(
-                f"{source}: thresholds[{i}]: {thresholds[i]} is below thresholds[{i - 1}] = "
-                f"{thresholds[i - 1]}: thresholds must ascend"
-            )
+    thresholds = check_thresholds(obj["thresholds"], len(trees), context=f"{source}: ")
 
     entropy_obj = obj["entropy"]
     try:
@@ -444,9 +428,8 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
             best_tree = trees[index]
         else:
             index = None
-            best_tree = _build_tree(
-                best_obj["paths"], f"{source}: best_static.paths", topk, num_heads
-            )
+            best_tree = Tree.from_paths(best_obj["paths"], topk=topk, num_heads=num_heads,
+                                        where=f"{source}: best_static.paths")
         best_static = BestStatic(best_tree, float(best_obj["tokens_per_second"]), index)
 
     latency = None
@@ -467,7 +450,7 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         heads=heads,
         task=obj["task"],
         entropy=EntropyInfo(entropy_obj["signal"], entropy_obj["unit"], estimator),
-        thresholds=thresholds,
+        thresholds=list(thresholds),
         trees=trees,
         tree_stats=stats,
         predicted=Predicted(
@@ -485,40 +468,3 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         best_static=best_static,
         latency=latency,
     )
-
-
-def _build_tree(
-    paths: list[list[int]], where: str, topk: int | tuple[int, ...], num_heads: int
-) -> Tree:
-    """Check each path with its index in the file, then build the canonical Tree."""
-    seen: dict[tuple[int, ...], int] = {}
-    for j, raw in enumerate(paths):
-        path = tuple(int(r) for r in raw)
-        if len(path) > num_heads:
-            raise EntmtpError(
-                f"{where}[{j}]: {list(path)} has depth {len(path)} but there are only "
-                f"{num_heads} heads"
-            )
-        for depth, rank in enumerate(path):
-            k = topk if isinstance(topk, int) else topk[depth]
-            if rank >= k:
-                raise EntmtpError(
-                    f"{where}[{j}]: rank {rank} >= top-k {k} (head {depth + 1} drafts only its "
-                    f"top-{k})"
-                )
-        if path in seen:
-            raise EntmtpError(
-                f"{where}[{j}]: {list(path)} repeats paths[{seen[path]}]: remove duplicates"
-            )
-        seen[path] = j
-    for j, path in enumerate(seen):
-        for d in range(1, len(path)):
-            if path[:d] not in seen:
-                raise EntmtpError(
-                    f"{where}[{j}]: {list(path)} misses its ancestor {list(path[:d])}: trees "
-                    "must be prefix-closed"
-                )
-    try:
-        return Tree.from_paths(paths, topk=topk, num_heads=num_heads)
-    except EntmtpError as err:  # checked above; kept so no other message escapes unnamed
-        raise EntmtpError(f"{where}: {err}") from err

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._latency import LatencyModel
 from ._profile import Profile
 from ._replay import Replayer

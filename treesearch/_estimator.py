@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 ESTIMATOR_KINDS = ("ema", "window", "last")
 

@@ -73,10 +73,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._atomic import atomic_write_text
+from entmtp.core import EntmtpError, atomic_write_text
+
 from ._bundle import Bundle, save_bundle
 from ._chain import ChainChoice, best_chain
-from ._errors import EntmtpError
 from ._greedy import best_tree
 from ._latency import LatencyModel
 from ._profile import Profile

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from entmtp.core import EntmtpError
+
 from ._acceptance import PrefixTable, prefix_table
-from ._errors import EntmtpError
 from ._tree import Path, Tree, _canonical_key
 
 

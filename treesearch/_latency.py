@@ -75,8 +75,8 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import atomic_write_json
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write_json
+
 from ._readers import check_values, read_json, require, short
 
 LATENCY_FORMAT = "entmtp-latency"

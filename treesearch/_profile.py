@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import atomic_write
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError, atomic_write
+
 from ._readers import parse_json, short
 
 PROFILE_FORMAT = "entmtp-profile"

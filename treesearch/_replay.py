@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from entmtp.core import EntmtpError
+
 from ._acceptance import accept_lengths
-from ._errors import EntmtpError
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._profile import Profile

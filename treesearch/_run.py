@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from entmtp.core import EntmtpError
+
 from ._acceptance import (
     AcceptanceTable,
     acceptance_table,
@@ -30,7 +32,6 @@ from ._bundle import (
     Predicted,
     TreeStats,
 )
-from ._errors import EntmtpError
 from ._latency import LatencyModel
 from ._pareto import TreeCandidate, build_front, fronts_by_bucket, score_tree
 from ._profile import Profile

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._estimator import EntropyEstimator
 from ._tree import Tree
 
@@ -44,6 +45,43 @@ def check_signal(signal: str, estimator: EntropyEstimator) -> None:
         )
 
 
+def check_thresholds(
+    thresholds: object, num_trees: int, *, context: str = ""
+) -> tuple[float, ...]:
+    """``thresholds`` as floats if they can switch ``num_trees`` (>= 1) trees: exactly one fewer,
+    finite, ascending (repeats allowed). Otherwise one ``EntmtpError`` line that starts with
+    ``context`` (e.g. ``"bundle x.json: "``) and names the element, e.g. ``thresholds[1]``.
+
+    The one threshold check: schedules, bundles and the bundle reader all use it.
+    """
+    try:
+        values = list(thresholds)  # type: ignore[call-overload]
+    except TypeError:
+        raise EntmtpError(f"{context}thresholds: {thresholds!r} is not a list of numbers") from None
+    if len(values) != num_trees - 1:
+        raise EntmtpError(
+            f"{context}thresholds: {len(values)} values for {num_trees} trees: give exactly "
+            f"{num_trees - 1} (tree i serves estimates in [t(i-1), t(i)))"
+        )
+    out: list[float] = []
+    for i, raw in enumerate(values):
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise EntmtpError(f"{context}thresholds[{i}]: {raw!r} is not a number") from None
+        if not math.isfinite(value):
+            raise EntmtpError(
+                f"{context}thresholds[{i}]: {value} is not finite: give a finite entropy"
+            )
+        if out and value < out[-1]:
+            raise EntmtpError(
+                f"{context}thresholds[{i}]: {value} is below thresholds[{i - 1}] = {out[-1]}: "
+                "thresholds must be ascending (sort them)"
+            )
+        out.append(value)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Schedule:
     trees: tuple[Tree, ...]
@@ -58,21 +96,7 @@ class Schedule:
         for i, tree in enumerate(trees):
             if not isinstance(tree, Tree):
                 raise EntmtpError(f"schedule trees[{i}] is {type(tree).__name__}, not a Tree")
-        try:
-            thresholds = tuple(float(t) for t in self.thresholds)
-        except (TypeError, ValueError) as err:
-            raise EntmtpError(f"schedule thresholds must be numbers: {err}") from err
-        if len(thresholds) != len(trees) - 1:
-            raise EntmtpError(
-                f"schedule thresholds has {len(thresholds)} values for {len(trees)} trees: "
-                "give exactly one fewer threshold than trees"
-            )
-        if not all(math.isfinite(t) for t in thresholds):
-            raise EntmtpError(f"schedule thresholds {list(thresholds)} must all be finite")
-        if any(b < a for a, b in zip(thresholds, thresholds[1:], strict=False)):
-            raise EntmtpError(
-                f"schedule thresholds {list(thresholds)} must be ascending: sort them"
-            )
+        thresholds = check_thresholds(self.thresholds, len(trees), context="schedule ")
         if not isinstance(self.estimator, EntropyEstimator):
             raise EntmtpError("schedule estimator must be an EntropyEstimator")
         check_signal(self.signal, self.estimator)

@@ -52,7 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._profile import Profile

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from entmtp.core import EntmtpError
+
 from ._acceptance import PrefixTable, prefix_table
-from ._errors import EntmtpError
 from ._greedy import _tree_from_rows
 from ._latency import LatencyModel
 from ._pareto import DEFAULT_STUDY_NAME, TreeCandidate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 JOURNAL_PREFIX = "journal:"
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._profile import Profile, ProfileMeta, Trace
 
 LOW_ENTROPY = (0.1, 0.8)  # nats, range of a low regime's level

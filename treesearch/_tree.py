@@ -13,7 +13,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ._errors import EntmtpError
+from entmtp.core import EntmtpError
+
 from ._readers import parse_json
 
 Path = tuple[int, ...]
@@ -23,19 +24,101 @@ def _canonical_key(path: Path) -> tuple[int, Path]:
     return (len(path), path)
 
 
-def _as_path(raw: object, index: int) -> Path:
+def check_paths(
+    paths: object,
+    *,
+    topk: int | Sequence[int] | None = None,
+    num_heads: int | None = None,
+    prefix_closed: bool = True,
+    where: str = "tree paths",
+) -> list[Path]:
+    """``paths`` as rank tuples, in their given order, if they can make a draft tree.
+
+    Each path is a non-empty list of integer ranks >= 0, listed once, no deeper than
+    ``num_heads`` and each rank below its head's ``topk`` (when given), with every ancestor
+    listed too when ``prefix_closed``. Otherwise one ``EntmtpError`` line
+    ``"{where}[j]: <problem>: <fix>"`` naming the first bad path by its index in ``paths``; a
+    file reader passes its file and field as ``where``.
+    """
+    bound = _topk_bound(topk)
+    _check_num_heads(num_heads)
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Iterable):
+        raise EntmtpError(f"{where}: must be a list of lists of ranks, got {paths!r}")
+    seen: dict[Path, int] = {}
+    for j, raw in enumerate(paths):
+        path = _as_path(raw, f"{where}[{j}]")
+        problem = _fit_problem(path, bound, num_heads)
+        if problem is not None:
+            raise EntmtpError(f"{where}[{j}]: {problem}")
+        if path in seen:
+            raise EntmtpError(
+                f"{where}[{j}]: {list(path)} repeats paths[{seen[path]}]: remove duplicates"
+            )
+        seen[path] = j
+    if prefix_closed:
+        for path, j in seen.items():
+            for d in range(1, len(path)):
+                if path[:d] not in seen:
+                    raise EntmtpError(
+                        f"{where}[{j}]: {list(path)} misses its ancestor {list(path[:d])}: "
+                        "trees must be prefix-closed, add it"
+                    )
+    return list(seen)
+
+
+def _as_path(raw: object, where: str) -> Path:
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable):
-        raise EntmtpError(f"tree path #{index} is {raw!r}: each path must be a list of ranks")
+        raise EntmtpError(f"{where}: {raw!r} is not a list of ranks")
     path = []
     for rank in raw:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise EntmtpError(
-                f"tree path #{index} {list(raw)!r} has rank {rank!r}: ranks must be integers"
-            )
+            raise EntmtpError(f"{where}: {raw!r} has rank {rank!r}: ranks must be integers")
         path.append(int(rank))
     if not path:
-        raise EntmtpError(f"tree path #{index} is empty: the root is implied, list only nodes")
+        raise EntmtpError(f"{where}: [] is empty: the root is implied, list only nodes")
+    if any(r < 0 for r in path):
+        raise EntmtpError(f"{where}: {path} has a negative rank: ranks count from 0")
     return tuple(path)
+
+
+def _fit_problem(path: Path, topk: int | list[int] | None, num_heads: int | None) -> str | None:
+    """What keeps the heads from drafting ``path``, or None. ``topk`` as ``_topk_bound``."""
+    if num_heads is not None and len(path) > num_heads:
+        return f"{list(path)} has depth {len(path)} but there are only {num_heads} heads"
+    if topk is None:
+        return None
+    if isinstance(topk, list) and len(path) > len(topk):
+        return (
+            f"{list(path)} has depth {len(path)} but topk lists only {len(topk)} heads: give "
+            "one top-k per head"
+        )
+    for depth, rank in enumerate(path):
+        k = topk if isinstance(topk, int) else topk[depth]
+        if rank >= k:
+            return (
+                f"rank {rank} >= top-k {k} in {list(path)} (head {depth + 1} drafts only its "
+                f"top-{k})"
+            )
+    return None
+
+
+def _topk_bound(topk: int | Sequence[int] | None) -> int | list[int] | None:
+    """``topk`` checked (each >= 1): one int for every head, or a list with one per head."""
+    if topk is None:
+        return None
+    if isinstance(topk, (int, np.integer)):
+        if topk < 1:
+            raise EntmtpError(f"topk must be >= 1, got {topk}")
+        return int(topk)
+    ks = [int(k) for k in topk]
+    if any(k < 1 for k in ks):
+        raise EntmtpError(f"every head's topk must be >= 1, got {ks}")
+    return ks
+
+
+def _check_num_heads(num_heads: int | None) -> None:
+    if num_heads is not None and num_heads < 0:
+        raise EntmtpError(f"num_heads must be >= 0, got {num_heads}")
 
 
 @dataclass(frozen=True)
@@ -72,60 +155,33 @@ class Tree:
         implied_prefixes: bool = False,
         topk: int | Sequence[int] | None = None,
         num_heads: int | None = None,
+        where: str = "tree paths",
     ) -> Tree:
         """Validate ``paths`` and return the tree in canonical (depth, lexicographic) order.
 
         ``implied_prefixes=True`` adds missing ancestors (as TensorRT-LLM accepts); otherwise a
         missing ancestor is an error. ``topk`` (one int, or one per head) and ``num_heads`` bound
-        the ranks and the depth when given.
+        the ranks and the depth when given. ``where`` names the paths in error messages (a
+        reader passes its file and field); see ``check_paths``.
         """
-        if isinstance(paths, (str, bytes)) or not isinstance(paths, Iterable):
-            raise EntmtpError(f"tree paths must be a list of lists of ranks, got {paths!r}")
-        parsed = [_as_path(raw, i) for i, raw in enumerate(paths)]
-        seen: set[Path] = set()
-        for i, path in enumerate(parsed):
-            if path in seen:
-                raise EntmtpError(f"tree path #{i} {list(path)} is listed twice: remove duplicates")
-            seen.add(path)
-            if any(r < 0 for r in path):
-                raise EntmtpError(f"tree path #{i} {list(path)} has a negative rank")
+        seen = set(
+            check_paths(paths, topk=topk, num_heads=num_heads,
+                        prefix_closed=not implied_prefixes, where=where)
+        )
         if implied_prefixes:
-            for path in list(seen):
-                for d in range(1, len(path)):
-                    seen.add(path[:d])
-        else:
-            for path in parsed:
-                for d in range(1, len(path)):
-                    if path[:d] not in seen:
-                        raise EntmtpError(
-                            f"tree path {list(path)} misses its ancestor {list(path[:d])}: add it "
-                            "or ask for implied prefixes"
-                        )
-        tree = cls(tuple(sorted(seen, key=_canonical_key)))
-        tree.check_fits(topk=topk, num_heads=num_heads)
-        return tree
+            seen.update(path[:d] for path in list(seen) for d in range(1, len(path)))
+        return cls(tuple(sorted(seen, key=_canonical_key)))
 
     def check_fits(
         self, *, topk: int | Sequence[int] | None = None, num_heads: int | None = None
     ) -> None:
         """Raise ``EntmtpError`` if the tree is deeper than ``num_heads`` or a rank >= top-k."""
-        if num_heads is not None and num_heads < 0:
-            raise EntmtpError(f"num_heads must be >= 0, got {num_heads}")
-        if num_heads is not None and self.depth > num_heads:
-            deepest = max(self.paths, key=len)
-            raise EntmtpError(
-                f"tree path {list(deepest)} has depth {len(deepest)} but there are only "
-                f"{num_heads} heads"
-            )
-        if topk is not None:
-            ks = _per_depth_topk(topk, self.depth)
-            for path in self.paths:
-                for depth, rank in enumerate(path):
-                    if rank >= ks[depth]:
-                        raise EntmtpError(
-                            f"tree path {list(path)} has rank {rank} at depth {depth + 1} but "
-                            f"head {depth + 1} drafts only its top-{ks[depth]}"
-                        )
+        bound = _topk_bound(topk)
+        _check_num_heads(num_heads)
+        for j, path in enumerate(self.paths):
+            problem = _fit_problem(path, bound, num_heads)
+            if problem is not None:
+                raise EntmtpError(f"tree paths[{j}]: {problem}")
 
     # -- shape ---------------------------------------------------------------------------
     @property
@@ -225,15 +281,6 @@ class Tree:
 
 
 def _per_depth_topk(topk: int | Sequence[int], depth: int) -> list[int]:
-    if isinstance(topk, (int, np.integer)):
-        if topk < 1:
-            raise EntmtpError(f"topk must be >= 1, got {topk}")
-        return [int(topk)] * depth
-    ks = [int(k) for k in topk]
-    if len(ks) < depth:
-        raise EntmtpError(
-            f"topk lists {len(ks)} heads but the tree has depth {depth}: give one top-k per head"
-        )
-    if any(k < 1 for k in ks):
-        raise EntmtpError(f"every head's topk must be >= 1, got {ks}")
-    return ks
+    """Top-k of heads 1..depth (or more), for a tree that ``check_fits(topk=topk)``."""
+    bound = _topk_bound(topk)
+    return [bound] * depth if isinstance(bound, int) else list(bound or ())

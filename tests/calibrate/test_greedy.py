@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from entmtp.calibrate._greedy import greedy_generate, greedy_steps
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import make_tiny_llama
 
 VOCAB = 96

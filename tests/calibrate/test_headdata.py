@@ -19,7 +19,7 @@ from entmtp.calibrate._headdata import (
 )
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import fit_heads
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128

@@ -20,7 +20,7 @@ from entmtp.calibrate._heads import (
     new_heads,
     save_heads,
 )
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import make_tiny_llama
 
 HIDDEN, VOCAB = 32, 128

@@ -20,7 +20,7 @@ from entmtp.calibrate._model import (
     write_model_cache,
 )
 from entmtp.calibrate._tasks import TaskPrompt
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import make_tiny_llama
 
 CHAT_TEMPLATE = (

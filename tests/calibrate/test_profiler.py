@@ -17,7 +17,7 @@ from entmtp.calibrate._profiler import (
     shard_prompts,
 )
 from entmtp.calibrate._tasks import TaskPrompt
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._profile import Profile, merge_profiles
 from support import make_tiny_llama
 

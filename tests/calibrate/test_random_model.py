@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from entmtp.calibrate._random_model import model_config, random_model
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 
 # Bookkeeping fields that say where or how a config was saved, not what the model is.
 _NOT_ARCHITECTURE = {"_name_or_path", "transformers_version", "dtype", "torch_dtype"}

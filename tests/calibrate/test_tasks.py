@@ -16,7 +16,7 @@ from entmtp.calibrate._tasks import (
     split_of,
     task_prompts,
 )
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import requires_shared
 
 

@@ -21,7 +21,7 @@ from entmtp.calibrate._train import (
     text_trajectories,
     train_heads,
 )
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from entmtp.cli import _latency_cmd  # importing registers the commands on `app`
-from entmtp.cli._latency_cmd import cpu_name, hardware_slug
 from entmtp.cli.app import app
+from entmtp.core import cpu_name, hardware_slug
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay
 
 runner = CliRunner()

@@ -8,11 +8,11 @@ import torch
 
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.core import EntmtpError
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.runtime._verify import greedy_accept
 from entmtp.treesearch._acceptance import accept_lengths
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._replay import replay

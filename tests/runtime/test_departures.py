@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
+from entmtp.core import EntmtpError
 from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate
 from entmtp.runtime._departures import (
     NEAR_TIE_ULPS,
@@ -18,7 +19,6 @@ from entmtp.runtime._departures import (
     first_departure,
     plain_greedy_logits,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._run import reference_tree
 from support import make_tiny_llama
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
+from entmtp.core import EntmtpError
 from entmtp.runtime._drafter import TreeDrafter, fuses_with_base
 from entmtp.runtime._tree_attention import tree_plan
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._kv_cache import (
     cache_length,
@@ -15,7 +16,6 @@ from entmtp.runtime._kv_cache import (
     truncate_cache,
 )
 from entmtp.runtime._verify import forward_tokens, greedy_accept
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 

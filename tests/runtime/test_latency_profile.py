@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
+from entmtp.core import EntmtpError
 from entmtp.runtime._latency_profile import budget_tree, profile_latency, trimmed_mean
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree
 

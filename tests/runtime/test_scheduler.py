@@ -3,11 +3,16 @@ whatever unit it stores, the same way live and in replay."""
 
 from __future__ import annotations
 
+import json
 import math
+from bisect import bisect_right
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.treesearch._bundle import (
     Bundle,
@@ -17,8 +22,9 @@ from entmtp.treesearch._bundle import (
     ModelInfo,
     Predicted,
     TreeStats,
+    bundle_to_json,
+    parse_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
@@ -64,15 +70,15 @@ def test_static_scheduler_always_serves_its_tree():
 
 
 def _bundle(unit: str, thresholds, estimator: EntropyEstimator,
-            signal: str = BASE_ENTROPY) -> Bundle:
+            signal: str = BASE_ENTROPY, trees=TREES) -> Bundle:
     return Bundle(
         model=ModelInfo("tiny", 128, 32),
         heads=HeadsInfo("medusa", 2, 2, "0" * 64),
         task="code",
         entropy=EntropyInfo(signal, unit, estimator),
         thresholds=list(thresholds),
-        trees=list(TREES),
-        tree_stats=[TreeStats(1.0, 20.0)] * len(TREES),
+        trees=list(trees),
+        tree_stats=[TreeStats(1.0, 20.0)] * len(trees),
         predicted=Predicted(1.0, 50.0, 1.0, 50.0),
         hardware={},
         created_by=CreatedBy("0", "test"),
@@ -160,12 +166,12 @@ def test_bits_and_nats_bundles_choose_the_same_trees_live_and_in_replay(estimato
     assert len({k for _, _, k in expected}) == 3  # every tree serves some steps
     for bundle in (nats, bits):
         assert _replay_steps(profile, bundle.schedule()) == expected
-        assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+        assert _live_steps(profile, BundleScheduler(bundle.schedule())) == expected
 
 
-def test_from_bundle_schedules_in_nats_and_reports_nats_estimates():
+def test_a_bundles_schedule_runs_in_nats_and_reports_nats_estimates():
     bits = _bundle("bits", [1.0, 2.0], EntropyEstimator.last())
-    scheduler = BundleScheduler.from_bundle(bits)
+    scheduler = BundleScheduler(bits.schedule())
     assert scheduler.schedule == bits.schedule() and scheduler.trees == TREES
     scheduler.observe([0.9])  # 0.9 nats = 1.30 bits: between the thresholds
     choice = scheduler.choose()
@@ -182,14 +188,14 @@ def test_equal_thresholds_never_choose_the_tree_between_them():
     expected = _walk(profile, reference)
     assert {k for _, _, k in expected} == {0, 2}
     assert _replay_steps(profile, bundle.schedule()) == expected
-    assert _live_steps(profile, BundleScheduler.from_bundle(bundle)) == expected
+    assert _live_steps(profile, BundleScheduler(bundle.schedule())) == expected
 
 
-def test_from_bundle_rejects_an_unknown_unit():
+def test_a_bundle_of_an_unknown_unit_has_no_schedule():
     bundle = _bundle("nats", [1.0, 2.0], EntropyEstimator.last())
     bundle.entropy = EntropyInfo("base_entropy", "bans", EntropyEstimator.last())
     with pytest.raises(EntmtpError, match="unit"):
-        BundleScheduler.from_bundle(bundle)
+        BundleScheduler(bundle.schedule())
 
 
 def _draft_profile(seed: int) -> Profile:
@@ -233,7 +239,7 @@ def test_draft_signal_bundle_chooses_the_replayed_trees():
     for bundle in (_bundle("nats", nats_thresholds, EntropyEstimator.last(), DRAFT_ENTROPY),
                    _bundle("bits", [t / math.log(2) for t in nats_thresholds],
                            EntropyEstimator.last(), DRAFT_ENTROPY)):
-        scheduler = BundleScheduler.from_bundle(bundle)
+        scheduler = BundleScheduler(bundle.schedule())
         assert scheduler.needs_draft_entropy
 
         def live(j: int, i: int, seen: list[float], scheduler=scheduler) -> int:
@@ -250,3 +256,53 @@ def test_draft_signal_bundle_chooses_the_replayed_trees():
         expected = _walk(profile, reference)
         assert len({k for _, _, k in expected}) == 3
         assert _walk(profile, live) == expected == _replay_steps(profile, bundle.schedule())
+
+
+# Trees two heads of top-2 can draft (the heads of ``_bundle``); a bundle may list one twice.
+TREE_POOL = (*TREES, Tree.from_paths([[1]]), Tree.from_paths([[0], [1], [0, 1], [1, 1]]))
+
+
+@st.composite
+def random_bundles(draw) -> tuple[Bundle, list[float]]:
+    """(a random bundle as ``load_bundle`` reads it back, its thresholds converted to nats by
+    hand). Thresholds repeat now and then: the tree between two equal ones is never chosen."""
+    count = draw(st.integers(1, 6))
+    unit = draw(st.sampled_from(["nats", "bits"]))
+    signal = draw(st.sampled_from([BASE_ENTROPY, DRAFT_ENTROPY]))
+    grid = st.one_of(st.floats(0.0, 8.0), st.sampled_from([0.5, 1.0, 2.0]))
+    thresholds = sorted(draw(st.lists(grid, min_size=count - 1, max_size=count - 1)))
+    estimator = (EntropyEstimator.last() if signal == DRAFT_ENTROPY else
+                 draw(st.sampled_from([EntropyEstimator.last(), EntropyEstimator.ema(0.5)])))
+    trees = [draw(st.sampled_from(TREE_POOL)) for _ in range(count)]
+    bundle = _bundle(unit, thresholds, estimator, signal, trees)
+    loaded = parse_bundle(json.dumps(bundle_to_json(bundle)))
+    assert loaded == bundle
+    scale = math.log(2.0) if unit == "bits" else 1.0
+    return loaded, [t * scale for t in thresholds]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sample=random_bundles(), data=st.data())
+def test_the_scheduler_a_bundle_runs_picks_bisect_right_of_its_nats_thresholds(sample, data):
+    bundle, nats = sample
+    near = [v for t in nats for v in (t, float(np.nextafter(t, -np.inf)))]  # both sides
+    entropy = st.one_of(st.floats(-1.0, 12.0), *([st.sampled_from(near)] if near else []))
+    entropies = data.draw(st.lists(entropy, min_size=1, max_size=12))
+    scheduler = BundleScheduler(bundle.schedule())
+    scheduler.reset()
+    seen: list[float] = []
+    for e in entropies:
+        if scheduler.needs_draft_entropy:
+            scheduler.observe([0.0])  # base entropies arrive too; they must not matter
+            scheduler.observe_draft(e)
+        else:
+            scheduler.observe([e])
+        seen.append(e)
+        choice = scheduler.choose()
+        if bundle.entropy.estimator.kind == "last":  # the entropy itself picks the tree
+            assert choice.estimate == e
+        else:
+            assert choice.estimate == pytest.approx(
+                _hand_estimate(bundle.entropy.estimator, seen), rel=1e-12, abs=1e-12)
+        assert choice.index == bisect_right(nats, choice.estimate)
+        assert choice.tree == bundle.trees[choice.index]

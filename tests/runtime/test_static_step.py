@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from entmtp.calibrate._heads import new_heads
+from entmtp.core import EntmtpError
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._kv_cache import new_cache
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.runtime._verify import (
@@ -17,7 +18,6 @@ from entmtp.runtime._verify import (
     probe_tree_attention,
     tree_forward,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 REPO = Path(__file__).resolve().parents[2]

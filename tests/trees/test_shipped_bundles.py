@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from entmtp.core import HEAD_TYPES
 from entmtp.treesearch import LatencyModel, load_bundle
 
 TASKS = ("code", "chat", "math", "lit")
-HEAD_TYPES = ("medusa", "hydra")
 # bundle suffix -> (latency file of a head type, what its hardware record must say)
 TARGETS = {
     "cpu2": ("cpu2-{head_type}-smollm2-135m.json",

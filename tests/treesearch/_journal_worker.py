@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from entmtp.treesearch._atomic import atomic_write_json
+from entmtp.core import atomic_write_json
 from entmtp.treesearch._greedy import best_tree
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._acceptance import (
     AcceptanceTable,
     accept_lengths,
@@ -24,7 +25,6 @@ from entmtp.treesearch._acceptance import (
     prefix_probabilities,
     prefix_table,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._tree import Tree
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,
@@ -28,7 +29,6 @@ from entmtp.treesearch._bundle import (
     parse_bundle,
     save_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._schedule import Schedule
@@ -455,6 +455,43 @@ def test_missing_file_and_folder(tmp_path):
 def test_parse_bundle_accepts_text_and_bytes():
     text = json.dumps(bundle_to_json(sample_bundle()))
     assert parse_bundle(text) == parse_bundle(text.encode()) == sample_bundle()
+
+
+def _message(call) -> str:
+    with pytest.raises(EntmtpError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("thresholds", [[0.5], [2.0, 1.0], [0.5, 1.0, 2.0], [1.0, 1.5, 0.5]])
+def test_schedules_bundles_and_files_share_one_threshold_message(tmp_path, thresholds):
+    """One check: only the context before the message differs."""
+    trees = sample_bundle().trees
+    obj = bundle_to_json(sample_bundle(best_static=None))
+    obj["thresholds"] = thresholds
+    path = write_json(tmp_path / "x.json", obj)
+    from_file = _message(lambda: load_bundle(path))
+    in_memory = _message(lambda: sample_bundle(thresholds=thresholds))
+    schedule = _message(lambda: Schedule(tuple(trees), tuple(thresholds)))
+    assert from_file.startswith(f"bundle {path}: thresholds")
+    tail = from_file.removeprefix(f"bundle {path}: ")
+    assert in_memory == f"bundle: {tail}" and schedule == f"schedule {tail}"
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [[[0], [2, 0]], [[0], [0, 12]], [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]],
+     [[0], [1], [1]]],
+    ids=["missing-ancestor", "rank-at-topk", "depth-over-heads", "duplicate"],
+)
+def test_trees_and_files_share_one_path_message(tmp_path, paths):
+    obj = bundle_to_json(sample_bundle())
+    obj["trees"][0].update(paths=paths, num_nodes=len(paths), depth=max(map(len, paths)))
+    path = write_json(tmp_path / "x.json", obj)
+    from_file = _message(lambda: load_bundle(path))
+    tree = _message(lambda: Tree.from_paths(paths, topk=10, num_heads=4))
+    assert from_file.startswith(f"bundle {path}: trees[0].paths[")
+    assert from_file.removeprefix(f"bundle {path}: trees[0].") == tree.removeprefix("tree ")
 
 
 # -- in-memory construction and saving --------------------------------------------------------

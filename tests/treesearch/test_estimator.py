@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 
 ESTIMATORS = [

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,
@@ -22,7 +23,6 @@ from entmtp.treesearch._bundle import (
     TreeStats,
     load_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._exports import (
     EXPORT_FORMATS,

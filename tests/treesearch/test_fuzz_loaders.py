@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._bundle import (
     BestStatic,
     Bundle,
@@ -22,7 +23,6 @@ from entmtp.treesearch._bundle import (
     bundle_to_json,
     parse_bundle,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree

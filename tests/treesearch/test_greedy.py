@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._acceptance import (
     expected_accept_length,
     head_rank_probabilities,
@@ -18,7 +19,6 @@ from entmtp.treesearch._acceptance import (
     prefix_probabilities,
     prefix_table,
 )
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._greedy import (
     best_tree,
     best_trees,

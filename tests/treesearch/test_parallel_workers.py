@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._acceptance import expected_accept_length
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._pareto import pareto_front
 from entmtp.treesearch._replay import best_static, oracle_replay, replay

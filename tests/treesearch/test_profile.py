@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace, merge_profiles
 
 

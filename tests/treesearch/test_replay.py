@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace

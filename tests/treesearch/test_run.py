@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._pareto import TreeCandidate
 from entmtp.treesearch._profile import Profile, Trace

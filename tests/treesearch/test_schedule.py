@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from entmtp.treesearch._errors import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._estimator import EntropyEstimator
-from entmtp.treesearch._schedule import Schedule, as_schedule
+from entmtp.treesearch._schedule import Schedule, as_schedule, check_thresholds
 from entmtp.treesearch._tree import Tree
 
 CHAIN = [Tree.from_paths([[0] * d for d in range(1, n + 1)]) for n in range(5)]
@@ -58,6 +61,32 @@ def test_static_schedule_serves_every_estimate_with_its_tree():
 def test_invalid_schedules_name_the_field(trees, thresholds, field):
     with pytest.raises(EntmtpError, match=field):
         Schedule(trees, thresholds, EntropyEstimator.last())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.floats(-3.0, 3.0), st.sampled_from([1.0, math.nan, math.inf, -math.inf])),
+        max_size=5,
+    ),
+    num_trees=st.integers(1, 6),
+)
+def test_check_thresholds_accepts_exactly_what_a_plain_reading_allows(values, num_trees):
+    right_count = len(values) == num_trees - 1
+    bad = [i for i, v in enumerate(values)
+           if not math.isfinite(v) or (i > 0 and v < values[i - 1])]
+    try:
+        checked = check_thresholds(values, num_trees, context="file x: ")
+    except EntmtpError as err:
+        message = str(err)
+        assert "\n" not in message
+        if not right_count:
+            assert message.startswith(f"file x: thresholds: {len(values)} values for ")
+        else:  # the first bad one is named (finite ones before it ascend)
+            assert bad and message.startswith(f"file x: thresholds[{bad[0]}]: ")
+    else:
+        assert right_count and not bad
+        assert checked == tuple(values) and all(type(t) is float for t in checked)
 
 
 def test_equal_thresholds_leave_a_tree_that_is_never_chosen():

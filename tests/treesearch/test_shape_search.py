@@ -6,8 +6,8 @@ import numpy as np
 import optuna
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._acceptance import expected_accept_length, prefix_table
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._pareto import build_front, greedy_candidates, pareto_front
 from entmtp.treesearch._shape_search import ShapeBuilder, open_storage, search_tree_shapes

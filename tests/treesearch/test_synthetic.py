@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch._acceptance import acceptance_table, independence_error
-from entmtp.treesearch._errors import EntmtpError
 from entmtp.treesearch._greedy import best_tree
 from entmtp.treesearch._profile import Profile
 from entmtp.treesearch._synthetic import synthetic_profile

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import numpy as np
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entmtp.treesearch._errors import EntmtpError
-from entmtp.treesearch._tree import Tree
+from entmtp.core import EntmtpError
+from entmtp.treesearch._tree import Tree, check_paths
 
 
 @st.composite
@@ -59,6 +60,38 @@ def path_sets(draw, max_heads: int = 4, max_topk: int = 4, max_nodes: int = 15):
 def test_invalid_trees_are_rejected(paths, kwargs) -> None:
     with pytest.raises(EntmtpError):
         Tree.from_paths(paths, **kwargs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    paths=st.lists(st.lists(st.integers(-1, 3), max_size=4), max_size=8),
+    topk=st.one_of(st.none(), st.integers(1, 4), st.lists(st.integers(1, 4), max_size=4)),
+    num_heads=st.one_of(st.none(), st.integers(0, 4)),
+    prefix_closed=st.booleans(),
+)
+def test_check_paths_names_the_first_path_a_plain_reading_refuses(
+    paths, topk, num_heads, prefix_closed
+) -> None:
+    listed = [tuple(p) for p in paths]
+
+    def drafts(path: tuple[int, ...]) -> bool:  # the heads can draft it, read plainly
+        if not path or min(path) < 0 or (num_heads is not None and len(path) > num_heads):
+            return False
+        ks = [topk] * len(path) if isinstance(topk, int) else topk
+        return ks is None or (len(ks) >= len(path) and all(r < ks[d] for d, r in enumerate(path)))
+
+    own = [j for j, p in enumerate(listed) if not drafts(p) or p in listed[:j]]
+    orphans = [j for j, p in enumerate(listed)
+               if prefix_closed and any(p[:d] not in listed for d in range(1, len(p)))]
+    try:
+        checked = check_paths(paths, topk=topk, num_heads=num_heads, prefix_closed=prefix_closed,
+                              where="file x: trees[2].paths")
+    except EntmtpError as err:
+        named = re.match(r"file x: trees\[2\]\.paths\[(\d+)\]: ", str(err))
+        assert named and "\n" not in str(err), str(err)
+        assert int(named.group(1)) == (own or orphans)[0]
+    else:
+        assert not own and not orphans and checked == listed
 
 
 def test_implied_prefixes_adds_missing_ancestors() -> None:

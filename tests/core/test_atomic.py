@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from entmtp.treesearch._atomic import atomic_write, atomic_write_json
+from entmtp.core import atomic_write, atomic_write_json
 
 
 def test_written_file_has_plain_open_permissions(tmp_path):

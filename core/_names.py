@@ -1,0 +1,26 @@
+"""Names shared by every package: draft-head types and dtype names."""
+
+from __future__ import annotations
+
+from ._errors import EntmtpError
+
+HEAD_TYPES = ("medusa", "hydra")
+
+# torch's dtype names: what profiles, latency files and heads folders record.
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+# Every spelling a user may give, lower case, to its torch name (the torch dtypes themselves are
+# mapped in one place of the model code: entmtp.calibrate.resolve_dtype).
+DTYPE_ALIASES = {
+    "fp32": "float32", "float32": "float32",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+}
+
+
+def dtype_name(dtype: str, *, option: str = "dtype") -> str:
+    """``dtype`` as torch's name (``bf16`` -> ``bfloat16``), any case; ``option`` names it in
+    the one-line error."""
+    name = DTYPE_ALIASES.get(str(dtype).lower())
+    if name is None:
+        raise EntmtpError(f"{option} {dtype!r}: use bf16, fp16 or fp32")
+    return name
