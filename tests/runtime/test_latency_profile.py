@@ -277,8 +277,8 @@ def _reference_problems(model: LatencyModel) -> list[str]:
         return math.sqrt(sum((p.iqr_ms / 1.349 / math.sqrt(p.rounds)) ** 2
                              for p in points)) / len(points)
 
-    trees = {n: [p for p in model.points if p.step == "tree" and p.nodes == n]
-             for n in model.nodes}
+    trees = {n: [p for p in model.points if p.step == "tree" and p.nodes == n
+                 and not p.padded_to] for n in model.nodes}
     problems = []
     empty = model.verify_ms[0]
     ar_points = [p for p in model.points if p.step == "autoregressive"]
@@ -291,11 +291,17 @@ def _reference_problems(model: LatencyModel) -> list[str]:
         mine = [p for p in model.points if p.step == "fused_empty" and p.depth == depth]
         if fused < empty - 3 * math.hypot(error(mine), error(trees[0])):
             problems.append(f"fused {depth} below plain")
+    # the step time at the width each count is verified at (padded_nodes) must not fall
+    verified = {n: model.padding.get(n, n) for n in model.nodes}
+    ms = {n: model.verify_ms[model.nodes.index(verified[n])] for n in model.nodes}
     for j, n in enumerate(model.nodes):
-        for i, m in enumerate(model.nodes[:j]):
-            if model.verify_ms[j] < model.verify_ms[i] - 3 * math.hypot(error(trees[n]),
-                                                                          error(trees[m])):
+        for m in model.nodes[:j]:
+            if ms[n] < ms[m] - 3 * math.hypot(error(trees[verified[n]]),
+                                              error(trees[verified[m]])):
                 problems.append(f"{m} -> {n} falls")
+        if verified[n] != n and not ms[n] < model.verify_ms[j] - 3 * math.hypot(
+                error(trees[n]), error(trees[verified[n]])):
+            problems.append(f"{n} padded to {verified[n]} for no saving")
     spreads = sorted(p.iqr_ms / p.ms for p in model.points)
     if float(np.median(spreads)) > 0.25:
         problems.append("too noisy")
