@@ -214,7 +214,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
             --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
             --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
             --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
-            || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
+            --targets bench/targets.py || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
         echo "bench $task: $((SECONDS - start)) s"
     done
     # (d) where bf16 output departs from plain greedy decoding in bf16, and why (top-2 margins)

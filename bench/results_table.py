@@ -42,7 +42,10 @@ def ratio_with_interval(value: float | None, interval: list[float] | None) -> st
 
 
 def missed_targets(prediction: dict[str, Any]) -> str:
-    """The issue's targets (``entmtp bench``'s TARGETS) this bundle missed, by key."""
+    """The targets (``bench/targets.py``, given to ``entmtp bench --targets``) this bundle
+    missed, by key; "not checked" for a report made without targets."""
+    if not prediction["targets"]:
+        return "not checked"
     missed = [key for key, check in prediction["targets"].items() if check["pass"] is False]
     return ", ".join(missed) or "none"
 

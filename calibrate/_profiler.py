@@ -106,12 +106,8 @@ def profile_prompts(
     indices = [p.index for p in prompts]
     if len(set(indices)) != len(indices):
         raise EntmtpError("the same prompt appears twice in the list to profile")
-    meta = ProfileMeta(
-        model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
-        head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),
-        task=task, topk=topk, split=split, max_new_tokens=max_new_tokens, seed=seed,
-        extra={"model_source": base.source, "dtype": str(base.model.dtype).replace("torch.", "")},
-    )
+    meta = profile_meta(base, heads, task=task, topk=topk, split=split,
+                        max_new_tokens=max_new_tokens, seed=seed)
     settings = _settings_key(base, meta)
     folder = Path(shard_dir) if shard_dir is not None else None
     eos = sorted(base.eos_token_ids)
@@ -137,16 +133,61 @@ def profile_prompts(
             prompt_ids = [ids for _, ids in batch]
             generated = [run.tokens for run in greedy_generate(
                 base.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)]
-            scored = score_trajectories(base.model, heads, prompt_ids, generated, topk=topk)
-            for (prompt, ids), result in zip(batch, scored, strict=True):
-                trace = Trace(prompt.index, prompt.prompt_id, result.entropy, result.ranks,
-                              prompt_length=len(ids), draft_entropy=result.draft_entropy)
+            for (prompt, ids), trace in zip(
+                    batch, trajectory_traces(base.model, heads, batch, generated, topk=topk),
+                    strict=True):
                 if folder is not None:
                     _write_trace(folder, trace, ids, settings)
                 traces[prompt.index] = trace
             report.advance(prompts=len(batch), tokens=sum(len(g) for g in generated))
     report.close()
     return Profile(meta, [traces[i] for i in sorted(traces)])
+
+
+def profile_trajectories(
+    base: BaseModel,
+    heads: Any,
+    prompts: Sequence[tuple[Any, Sequence[int]]],
+    trajectories: Sequence[Sequence[int]],
+    *,
+    topk: int,
+    batch_size: int = 8,
+    task: str = "",
+    split: str = "",
+) -> Profile:
+    """The profile of given greedy trajectories (e.g. live autoregressive outputs): the
+    profiler's scoring and assembly, without generating again. ``prompts``: (prompt with
+    ``index`` and ``prompt_id``, its token ids) per trajectory, in the same order."""
+    meta = profile_meta(base, heads, task=task, topk=topk, split=split,
+                        max_new_tokens=max((len(t) for t in trajectories), default=0))
+    traces: list[Trace] = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            traces += trajectory_traces(base.model, heads, prompts[start : start + batch_size],
+                                        trajectories[start : start + batch_size], topk=topk)
+    return Profile(meta, traces)
+
+
+def profile_meta(base: BaseModel, heads: Any, *, task: str, topk: int, split: str,
+                 max_new_tokens: int, seed: int = 0) -> ProfileMeta:
+    """What a profile of ``base`` with ``heads`` records about how it was made."""
+    return ProfileMeta(
+        model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+        head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),
+        task=task, topk=topk, split=split, max_new_tokens=max_new_tokens, seed=seed,
+        extra={"model_source": base.source, "dtype": str(base.model.dtype).replace("torch.", "")},
+    )
+
+
+def trajectory_traces(model: Any, heads: Any, prompts: Sequence[tuple[Any, Sequence[int]]],
+                      generated: Sequence[Sequence[int]], *, topk: int) -> list[Trace]:
+    """One trace per (prompt, its token ids) and its greedy continuation in ``generated``."""
+    prompt_ids = [ids for _, ids in prompts]
+    scored = score_trajectories(model, heads, prompt_ids, [list(g) for g in generated],
+                                topk=topk)
+    return [Trace(prompt.index, prompt.prompt_id, result.entropy, result.ranks,
+                  prompt_length=len(ids), draft_entropy=result.draft_entropy)
+            for (prompt, ids), result in zip(prompts, scored, strict=True)]
 
 
 def _check_heads_fit(base: BaseModel, heads: Any) -> None:

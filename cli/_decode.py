@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from entmtp.treesearch import EntmtpError
+from entmtp.treesearch._latency import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
@@ -26,7 +27,6 @@ from ._model_setup import (
     ENGINE_OPTION,
     GRAPHS_OPTION,
     PAD_OPTION,
-    bundle_padding,
     check_engine,
 )
 from .app import app
@@ -109,7 +109,8 @@ def decode(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs, padded_nodes=bundle_padding(bundle, pad))
+                                 graphs=graphs,
+                                 padded_nodes=runtime_padding(bundle.latency, pad=pad))
     stream = TextStream(base.tokenizer, console)
     options = {}
     if supports_step_callback(decoder):

@@ -36,13 +36,6 @@ PAD_OPTION = typer.Option(True, "--pad/--no-pad", help="Verify trees at the padd
                           "than a cheaper larger one); --no-pad: each tree at its own width.")
 
 
-def bundle_padding(bundle, pad: bool) -> dict[int, int] | None:
-    """The padding table the runtime takes from ``bundle`` (None: ``--no-pad``, or a bundle
-    whose latency model has none)."""
-    latency = getattr(bundle, "latency", None)
-    return latency.padding or None if pad and latency is not None else None
-
-
 def check_engine(engine: str) -> str:
     """``--engine`` as given, or a one-line error."""
     if engine not in ENGINES:

@@ -20,28 +20,32 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entmtp.treesearch import replay
+from entmtp.runtime._validation import (
+    RATE_DEFINITION,
+    EncodedPrompt,
+    MethodRuns,
+    autoregressive_method,
+    bundle_topk,
+    check_replay,
+    profile_live_trajectories,
+    ratio,
+    run_side_by_side,
+    runtime_report,
+    speculative_method,
+)
+from entmtp.treesearch._latency import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
-    EncodedPrompt,
-    MethodRuns,
-    accept_only_latency,
-    autoregressive_method,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
-    compare_steps,
     encode_prompts,
     load_base,
     load_heads_for,
     load_task_prompts,
-    profile_trajectories,
-    ratio,
     read_bundle,
-    run_side_by_side,
-    runtime_report,
-    speculative_method,
+    run_progress,
     task_for,
     write_json,
 )
@@ -51,42 +55,21 @@ from ._model_setup import (
     ENGINE_OPTION,
     GRAPHS_OPTION,
     PAD_OPTION,
-    bundle_padding,
     check_engine,
 )
 from .app import app
 
 MAX_MISMATCHES_SHOWN = 10
-RATE_DEFINITION = ("decode tokens (each output less the prefill's first token) over decoding-step "
-                   "time; mean accept length: decode tokens per step (as in the replay)")
 
 
 def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: MethodRuns,
                  reference: MethodRuns, *, console: Console) -> dict[str, Any]:
     """Profile the autoregressive trajectories, replay the schedule, compare with live steps."""
-    topk = bundle.heads.topk
     with console.status("profiling the greedy trajectories for the replay check..."):
-        profile = profile_trajectories(
-            base, heads, prompts, [r.tokens for r in reference.results],
-            topk=max(topk) if isinstance(topk, tuple) else int(topk),
-        )
-    latency = bundle.latency or accept_only_latency()
-    replayed = replay(profile, bundle.schedule(), latency)
-    comparison = compare_steps(live.results, replayed, [p.prompt_id for p in prompts])
-    return {
-        "replay_step_agreement": comparison.agreement,
-        "steps_compared": comparison.steps_compared,
-        "steps_equal": comparison.steps_equal,
-        "max_estimate_difference": comparison.max_estimate_difference,
-        "replayed_steps": replayed.steps,
-        "replayed_decode_tokens": replayed.tokens,
-        "replayed_mean_accept_length": replayed.mean_accept_length,
-        # on the bundle's latency model, over these prompts' trajectories
-        "replayed_tokens_per_second": (
-            replayed.tokens_per_second if bundle.latency is not None else None
-        ),
-        "mismatches": [m.to_json() for m in comparison.mismatches],
-    }
+        profile = profile_live_trajectories(base, heads, prompts, reference,
+                                            topk=bundle_topk(bundle.heads.topk))
+    return check_replay(profile, bundle.schedule(), bundle.latency, live.results,
+                        [p.prompt_id for p in prompts]).to_json()
 
 
 def _table(report: dict[str, Any]) -> Table:
@@ -155,14 +138,15 @@ def validate(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs, padded_nodes=bundle_padding(bundle, pad))
+                                 graphs=graphs,
+                                 padded_nodes=runtime_padding(bundle.latency, pad=pad))
     console.print(f"[dim]{decoder.runtime_note}[/dim]")
     eos = sorted(base.eos_token_ids)
-    entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle.schedule()),
-                                eos=eos)
+    entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle.schedule()), eos=eos)
     reference = autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)
-    live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,
-                                console=console, description="decoding")
+    with run_progress(console, "decoding", 2 * len(encoded)) as progress:
+        live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,
+                                    progress=progress)
     differ = live.identical_to(ar)
     report: dict[str, Any] = {
         "bundle": str(bundle_path),

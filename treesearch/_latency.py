@@ -661,6 +661,14 @@ def with_padding(model: LatencyModel) -> LatencyModel:
     return replace(model, padded_nodes=tuple(padding_table(model).items()))
 
 
+def runtime_padding(latency: LatencyModel | None, *, pad: bool = True) -> dict[int, int] | None:
+    """The padding table a runtime verifies a bundle's trees at: its latency model's (None: no
+    model, a model without a table, or ``pad`` off)."""
+    if not pad or latency is None or not latency.padded_nodes:
+        return None
+    return latency.padding
+
+
 def padding_summary(padded_nodes: dict[int, int]) -> str:
     """"2->3, 11-14->15 nodes" (consecutive counts padded to one count as one range); "" for
     no padding."""

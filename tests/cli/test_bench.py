@@ -21,9 +21,9 @@ import torch
 from typer.testing import CliRunner
 
 from entmtp.cli import _bench
-from entmtp.cli._bench import TARGETS, Target
 from entmtp.cli._live import read_bundle
 from entmtp.cli.app import app
+from entmtp.runtime._prediction import DRIFT_LIMIT, drift_warning
 from entmtp.treesearch import LatencyModel, Profile, load_bundle, oracle_replay, save_bundle
 
 runner = CliRunner()
@@ -33,6 +33,9 @@ PROMPTS = ["def add(a, b):", "Once upon a time", "The quick brown fox", "x = [1,
 MAX_NEW_TOKENS = 20
 BUNDLE_THREADS = 1
 AR, MEDUSA_REF, HYDRA_REF = "autoregressive", "medusa-mc_sim_7b_63", "hydra-mc_sim_7b_63"
+TARGETS_FILE = Path(__file__).resolve().parents[2] / "bench" / "targets.py"
+TARGETS = _bench.load_targets(TARGETS_FILE)
+Target = type(TARGETS[0])
 
 
 def invoke(args: list) -> object:
@@ -112,7 +115,7 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
     torch.set_num_threads(2)  # the bundles' count wins over whatever torch runs with
     result = invoke([*bench_args(two), "--bundle", two.medusa_run, "--bundle", two.hydra_run,
                      "--prompts", len(PROMPTS), "--max-new-tokens", MAX_NEW_TOKENS,
-                     "--json", out, "--plot", plot])
+                     "--json", out, "--plot", plot, "--targets", TARGETS_FILE])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {row["name"]: row for row in report["rows"]}
@@ -192,7 +195,7 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
             rows[AR]["tokens_per_second"] * bundle.latency.autoregressive_ms / 1000.0)
         # the tiny model decodes far faster than the 83 ms of its (synthetic CPU) latency
         # model: a drifted machine, said on stderr with what to do
-        assert p["autoregressive_measured_over_modelled"] > 1 + _bench.DRIFT_LIMIT
+        assert p["autoregressive_measured_over_modelled"] > 1 + DRIFT_LIMIT
         assert p["warnings"] and "re-measure with `entmtp latency" in p["warnings"][0]
         expected = f"entmtp: warning: bench row 'entmtp[{kind}]': autoregressive decoding ran at"
         assert expected in result.stderr
@@ -242,7 +245,7 @@ def test_one_bundle_keeps_the_plain_row_names(two, spy, tmp_path):
     torch.set_num_threads(2)
     result = invoke(["bench", "--model", two.model, "--heads", two.hydra_heads, "--data",
                      two.data, "--split", "all", "--bundle", untimed, "--prompts", 2,
-                     "--max-new-tokens", 6, "--json", out])
+                     "--max-new-tokens", 6, "--json", out, "--targets", TARGETS_FILE])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     rows = {row["name"]: row for row in report["rows"]}
@@ -273,7 +276,7 @@ def test_a_one_tree_bundle_has_no_oracle_fraction(two, spy, tmp_path):
     out = tmp_path / "bench.json"
     result = invoke(["bench", "--model", two.model, "--heads", two.medusa_heads, "--data",
                      two.data, "--split", "all", "--bundle", path, "--prompts", 2,
-                     "--max-new-tokens", 6, "--json", out])
+                     "--max-new-tokens", 6, "--json", out, "--targets", TARGETS_FILE])
     assert result.exit_code == 0, result.output
     p = json.loads(out.read_text())["predictions"]["medusa"]
     assert p["oracle"]["entmtp_fraction_of_oracle"] == pytest.approx(1.0)
@@ -314,8 +317,12 @@ def test_bundles_measured_with_other_thread_counts_need_threads(two, spy, tmp_pa
     torch.set_num_threads(2)  # the override wins over whatever torch runs with
     result = invoke([*args, "--threads", 1, "--json", out])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["threads"] == {"torch_threads": 1, "source": "--threads",
-                                                      "cpu": True}
+    report = json.loads(out.read_text())
+    assert report["threads"] == {"torch_threads": 1, "source": "--threads", "cpu": True}
+    # without --targets: the prediction checks, no verdicts
+    assert report["targets"] == {} and set(report["predictions"]) == {"medusa", "hydra"}
+    assert all(p["targets"] == {} for p in report["predictions"].values())
+    assert "PASS" not in result.output and "MISS" not in result.output
     assert spy.threads == [1]
     assert torch.get_num_threads() == 2
 
@@ -330,6 +337,22 @@ def test_without_a_bundle_torch_keeps_its_thread_count(two, spy, tmp_path):
     assert report["predictions"] == {} and "oracle" not in report
     assert report["threads"] == {"torch_threads": 2, "source": "torch default", "cpu": True}
     assert spy.threads == [2]
+
+
+def test_a_bad_targets_file_is_a_one_line_error_before_any_decoding(two, spy, tmp_path):
+    args = [*bench_args(two), "--prompts", 1, "--max-new-tokens", 2, "--targets"]
+    assert_one_line_error(invoke([*args, tmp_path / "none.py"]), "--targets", "no such")
+    broken = tmp_path / "broken.py"
+    broken.write_text("TARGETS = (\n")
+    assert_one_line_error(invoke([*args, broken]), "--targets", "cannot load")
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    assert_one_line_error(invoke([*args, empty]), "--targets", "no TARGETS")
+    typo = tmp_path / "typo.py"
+    typo.write_text(TARGETS_FILE.read_text().replace('"fraction_of_oracle", "of oracle"',
+                                                     '"fraction_of_orcale", "of oracle"'))
+    assert_one_line_error(invoke([*args, typo]), "fraction_of_orcale", "not a field")
+    assert spy.threads == []
 
 
 def test_targets_are_the_issues_and_pass_as_stated():
@@ -400,10 +423,10 @@ def check_results_table(path: Path, report: dict) -> None:
 
 
 def test_drift_warning_names_the_way_and_the_fix():
-    assert _bench.drift_warning(1.0) is None
-    assert _bench.drift_warning(1.0 + 0.99 * _bench.DRIFT_LIMIT) is None
-    assert _bench.drift_warning(None) is None and _bench.drift_warning(float("nan")) is None
-    slow = _bench.drift_warning(0.8)
+    assert drift_warning(1.0) is None
+    assert drift_warning(1.0 + 0.99 * DRIFT_LIMIT) is None
+    assert drift_warning(None) is None and drift_warning(float("nan")) is None
+    slow = drift_warning(0.8)
     assert "0.80x" in slow and "slower" in slow and "entmtp latency" in slow
     assert "entmtp retarget" in slow
-    assert "faster" in _bench.drift_warning(1.3)
+    assert "faster" in drift_warning(1.3)

@@ -18,6 +18,7 @@ from entmtp.calibrate._profiler import profile_prompts
 from entmtp.calibrate._tasks import TaskPrompt
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.runtime._validation import compare_steps, step_tokens
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._replay import replay
@@ -60,36 +61,29 @@ def _thresholds(estimates: np.ndarray) -> tuple[float, float]:
     return tuple(sorted(chosen))
 
 
-def _emitted(live) -> list[int]:
-    """Tokens each live step added: up to the next step's position, the last up to the end."""
-    positions = [s.position for s in live.step_log]
-    ends = positions[1:] + [len(live.tokens) - 1]
-    return [end - position for position, end in zip(positions, ends, strict=True)]
-
-
 def _compare(profile, decoder, scheduler, schedule_or_tree, base, prompts):
+    """Decode every profiled prompt live and hold the steps to the replay's with the library's
+    comparison (``compare_steps``, what ``validate`` and ``bench`` report)."""
     replayed = replay(profile, schedule_or_tree, LatencyModel.cpu_like())
-    compared_steps = 0
-    total_accepts = []
-    for trace_index, trace in enumerate(profile.traces):
+    lives = []
+    for trace in profile.traces:
         ids = base.encode_task_prompt(prompts[trace.prompt_index])
         live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
                                 eos_token_ids=base.eos_token_ids)
         assert len(live.tokens) == trace.num_positions
-        mine = replayed.step_trace == trace_index
-        accepts = replayed.step_accept[mine].tolist()
-        assert [s.position for s in live.step_log] == replayed.step_position[mine].tolist()
-        assert _emitted(live) == accepts == live.accept_lengths
-        assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
-        if isinstance(scheduler, BundleScheduler):  # a static scheduler estimates nothing
-            live_estimates = np.array([s.entropy_estimate for s in live.step_log])
-            np.testing.assert_allclose(live_estimates, replayed.step_estimate[mine], atol=1e-4)
+        assert step_tokens(live) == live.accept_lengths
+        lives.append(live)
+    comparison = compare_steps(lives, replayed, [t.prompt_id for t in profile.traces])
+    # every step at the replay's position, with its accept length and tree
+    assert comparison.mismatches == [] and comparison.steps_compared == replayed.steps
+    if isinstance(scheduler, BundleScheduler):  # a static scheduler estimates nothing
+        assert all(np.isfinite(s.entropy_estimate) for live in lives for s in live.step_log)
+        assert comparison.max_estimate_difference <= 1e-4
+    for trace_index, live in enumerate(lives):
         totals = replayed.traces[trace_index]
         assert (live.steps, len(live.tokens) - 1) == (totals.steps, totals.tokens)
         assert totals.mean_accept_length == (len(live.tokens) - 1) / max(live.steps, 1)
-        compared_steps += live.steps
-        total_accepts.extend(accepts)
-    return compared_steps, total_accepts
+    return replayed.steps, replayed.step_accept.tolist()
 
 
 @pytest.mark.parametrize("engine", ["eager", "static"])

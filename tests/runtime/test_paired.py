@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entmtp.cli._paired import paired_ratio_interval, ratio_of_rates
+from entmtp.runtime._paired import paired_ratio_interval, ratio_of_rates
 from entmtp.treesearch import EntmtpError
 
 

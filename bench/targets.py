@@ -1,0 +1,59 @@
+"""The project's targets for `entmtp bench`'s prediction check, marked PASS / MISS per bundle:
+
+    entmtp bench --task code --bundle runs/code-medusa --bundle runs/code-hydra \
+        --targets bench/targets.py
+
+Each target names a field of the prediction check (``PredictionCheck.to_json``'s keys) and what
+it must reach. ``entmtp bench --targets FILE`` loads ``TARGETS`` from any such file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from entmtp.runtime._benchmark import REFERENCE_TREE  # the reference rows' tree
+from entmtp.runtime._prediction import DRIFT_LIMIT
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target for an entmtp row: ``value >= at_least``, or a ratio within ``within`` of 1
+    (relative), or (neither) a flag that must be true."""
+
+    key: str  # the prediction's field it checks
+    label: str
+    at_least: float | None = None
+    within: float | None = None
+
+    def passes(self, value: Any) -> bool | None:
+        """PASS / MISS; None when the value could not be measured (e.g. no such row)."""
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return None
+        if self.within is not None:
+            return abs(float(value) - 1.0) <= self.within
+        if self.at_least is not None:
+            return float(value) >= self.at_least
+        return bool(value)
+
+    def goal(self) -> str:
+        if self.within is not None:
+            return f"1 ± {self.within:.0%}"
+        if self.at_least is not None:
+            return (f">= {self.at_least:.0%}" if self.key == "fraction_of_oracle"
+                    else f">= {self.at_least:.2f}x")
+        return "yes"
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(f"speedup_vs_hydra-{REFERENCE_TREE}", "vs hydra", at_least=1.15),
+    Target(f"speedup_vs_medusa-{REFERENCE_TREE}", "vs medusa", at_least=1.36),
+    Target("speedup_vs_best_static", "vs static", at_least=1.0),
+    Target("fraction_of_oracle", "of oracle", at_least=0.90),
+    Target("accept_length_ratio", "accept meas/replay", within=0.01),
+    # the tolerance past which the prediction check warns of a drifted machine: such a drift
+    # misses this target by itself
+    Target("tokens_per_second_ratio", "tok/s meas/replay", within=DRIFT_LIMIT),
+    Target("lossless", "lossless"),
+)
