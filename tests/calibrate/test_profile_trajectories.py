@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from entmtp.calibrate._greedy import greedy_generate
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._model import BaseModel
-from entmtp.calibrate._profiler import greedy_trajectories, profile_prompts, profile_trajectories
+from entmtp.calibrate._profiler import profile_prompts, profile_trajectories
 from entmtp.calibrate._tasks import TaskPrompt
 from support import make_char_tokenizer, make_tiny_llama
 
@@ -34,8 +35,8 @@ def test_profile_of_the_greedy_trajectories_is_the_profilers_profile(head_type, 
     expected = profile_prompts(base, heads, prompts, max_new_tokens=10, topk=7, batch_size=3,
                                task="code", split="all")
     encoded = [(p, base.encode_task_prompt(p)) for p in prompts]
-    trajectories = [greedy_trajectories(base.model, [ids], max_new_tokens=10,
-                                        eos_token_ids=sorted(base.eos_token_ids))[0]
+    trajectories = [greedy_generate(base.model, [ids], max_new_tokens=10,
+                                    eos_token_ids=sorted(base.eos_token_ids))[0].tokens
                     for _, ids in encoded]
     got = profile_trajectories(base, heads, encoded, trajectories, topk=7,
                                batch_size=batch_size, task="code", split="all")
