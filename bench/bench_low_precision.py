@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from entmtp.calibrate import load_base
 from entmtp.cli._live import (
     check_bundle_fits,
     encode_prompts,
@@ -31,7 +32,6 @@ from entmtp.cli._live import (
     load_task_prompts,
     read_bundle,
 )
-from entmtp.cli._model_setup import load_base
 from entmtp.runtime import BundleScheduler, SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._departures import NEAR_TIE_ULPS, check_departure
 

@@ -21,11 +21,11 @@ import argparse
 import numpy as np
 import torch
 
+from entmtp.calibrate import SHIPPED_HEADS, shipped_heads_path
 from entmtp.calibrate._heads import load_heads
 from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._tasks import TASKS, load_prompts
 from entmtp.calibrate._train import _examples, _prefixes, generate_trajectories
-from entmtp.cli._model_setup import SHIPPED_HEADS, shipped_heads_path
 
 
 def roc_auc(signal: np.ndarray, accepted: np.ndarray) -> float:

@@ -1,6 +1,8 @@
-"""entmtp.calibrate: model + heads loading, task datasets, the profiler, head training.
+"""entmtp.calibrate: model + heads loading, task datasets, the profiler, head training, and the
+calibration pipeline that runs them (run folder, profile / latency / search stages, retarget).
 
-Names are imported on first use, so ``import entmtp.calibrate`` does not import torch.
+Names are imported on first use, so ``import entmtp.calibrate`` does not import torch; the
+pipeline's offline parts (run folder, search stage, retarget, demo) never do.
 """
 
 from importlib import import_module
@@ -18,6 +20,8 @@ _EXPORTS = {
     "profile_prompts": "._profiler",
     "shard_prompts": "._profiler",
     "resolve_shard": "._profiler",
+    "greedy_generate": "._greedy",
+    "greedy_steps": "._greedy",
     "DraftHeads": "._heads",
     "MedusaHeads": "._heads",
     "HydraHeads": "._heads",
@@ -25,6 +29,50 @@ _EXPORTS = {
     "new_heads": "._heads",
     "save_heads": "._heads",
     "train_heads": "._train",
+    # the model and heads a command names, checked before the slow load
+    "ENGINES": "._loading",
+    "SHIPPED_HEADS": "._loading",
+    "check_device": "._loading",
+    "check_device_and_dtype": "._loading",
+    "check_engine": "._loading",
+    "check_head_type": "._loading",
+    "load_base": "._loading",
+    "load_heads_for": "._loading",
+    "load_model_and_heads": "._loading",
+    "quiet_transformers": "._loading",
+    "resolve_dtype_name": "._loading",
+    "resolve_heads": "._loading",
+    "shipped_heads_path": "._loading",
+    # entmtp latency's measurement
+    "describe_hardware": "._measure",
+    "load_for_latency": "._measure",
+    "measure_latency": "._measure",
+    # the run folder
+    "RunDir": "._rundir",
+    "check_front": "._rundir",
+    "check_run_arguments": "._rundir",
+    "load_acceptance": "._rundir",
+    "load_front": "._rundir",
+    "record_run_arguments": "._rundir",
+    "remove_stale_temp_files": "._rundir",
+    "start_afresh": "._rundir",
+    # the pipeline
+    "CalibrateArguments": "._pipeline",
+    "Event": "._pipeline",
+    "Progress": "._pipeline",
+    "calibrate": "._pipeline",
+    "check_demo_folder": "._pipeline",
+    "check_latency_model": "._pipeline",
+    "command_line": "._pipeline",
+    "DEMO_LATENCIES": "._pipeline",
+    "DEMO_SCHEDULE_TRIALS": "._pipeline",
+    "demo_run": "._pipeline",
+    "latency_stage": "._pipeline",
+    "profile_stage": "._pipeline",
+    "retarget_run": "._pipeline",
+    "run_settings": "._pipeline",
+    "search_stage": "._pipeline",
+    "source_run": "._pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

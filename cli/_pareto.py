@@ -8,12 +8,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from entmtp.calibrate import RunDir, load_acceptance, load_front, search_stage
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
 from entmtp.treesearch._readers import read_json
 
 from ._errors import user_errors
 from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
-from ._runs import RunDir, load_acceptance, load_front, search_stage
+from ._progress import ConsoleReporter
 from .app import app
 
 
@@ -58,8 +59,9 @@ def pareto(
     if not run.front.exists() and run.profile.exists() and run.latency.exists():
         # A folder with only a profile and a latency model: run the search stage now.
         task = Profile.load(run.profile).meta.task or "custom"
-        search_stage(run, SearchSettings(schedule_trials=schedule_trials), console=console,
-                     task=task)
+        with ConsoleReporter(console) as reporter:
+            search_stage(run, SearchSettings(schedule_trials=schedule_trials),
+                         progress=reporter, task=task)
     front = load_front(run)
     task = front.get("task", "?")
     console.print(_front_table(f"Pareto front, task {task}, all positions", front["front"]))

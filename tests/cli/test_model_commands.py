@@ -379,7 +379,7 @@ def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypa
 
 
 def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
-    from entmtp.cli._model_setup import load_model_and_heads
+    from entmtp.calibrate import load_model_and_heads
 
     base, heads = load_model_and_heads(str(varied.model), str(varied.medusa), "medusa",
                                        dtype="bf16")

