@@ -64,6 +64,7 @@ from ._model_setup import (
     HEAD_TYPES,
     MAX_NEW_TOKENS_OPTION,
     MODEL_OPTION,
+    PAD_OPTION,
     check_device_and_dtype,
     check_engine,
     check_outputs,
@@ -366,6 +367,7 @@ def bench(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
     targets_file: Path | None = typer.Option(
@@ -395,7 +397,8 @@ def bench(
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
-    methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs)
+    methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs,
+                                      pad=pad)
     for note in dict.fromkeys(d.runtime_note for d in decoders):  # once
         console.print(f"[dim]{note}[/dim]")
     on_cpu = next(base.model.parameters()).device.type == "cpu"

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from entmtp.treesearch import EntmtpError
+from entmtp.treesearch._latency import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
@@ -29,6 +30,7 @@ from ._model_setup import (
     GRAPHS_OPTION,
     MAX_NEW_TOKENS_OPTION,
     MODEL_OPTION,
+    PAD_OPTION,
     check_engine,
 )
 from .app import app
@@ -84,6 +86,7 @@ def decode(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
@@ -108,7 +111,8 @@ def decode(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs)
+                                 graphs=graphs,
+                                 padded_nodes=runtime_padding(bundle.latency, pad=pad))
     stream = TextStream(base.tokenizer, console)
     options = {}
     if supports_step_callback(decoder):

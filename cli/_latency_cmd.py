@@ -224,6 +224,7 @@ def latency(
                   f"{measured.step_ms(largest, 0):.2f} ms at {largest} nodes; "
                   f"autoregressive {measured.autoregressive_ms:.2f} ms")
     console.print(spread_line(measured))
+    console.print(f"padded widths: {measured.padding_summary or 'none (each tree at its own)'}")
     if hw.get("runtime_note"):
         console.print(f"[dim]timed the steps of: {hw['runtime_note']}[/dim]")
     if hw.get("engine") == "static" and measured.fused_empty_ms is not None:

@@ -55,6 +55,10 @@ ENGINE_OPTION = typer.Option("auto", "--engine", help="auto, static or eager: th
                              "else eager).")
 GRAPHS_OPTION = typer.Option(True, "--graphs/--no-graphs", help="Capture static steps as CUDA "
                              "graphs (on CUDA; ignored on the CPU).")
+# --pad of every command that decodes a bundle (decode, validate, bench), declared once.
+PAD_OPTION = typer.Option(True, "--pad/--no-pad", help="Verify trees at the padded widths of "
+                          "the bundle's latency model (padded_nodes: a tree is never slower "
+                          "than a cheaper larger one); --no-pad: each tree at its own width.")
 
 
 # The model and heads (calibrate, latency; --model also heads, validate, bench, decode).

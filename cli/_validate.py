@@ -33,6 +33,7 @@ from entmtp.runtime._validation import (
     runtime_report,
     speculative_method,
 )
+from entmtp.treesearch._latency import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
@@ -59,6 +60,7 @@ from ._model_setup import (
     GRAPHS_OPTION,
     MAX_NEW_TOKENS_OPTION,
     MODEL_OPTION,
+    PAD_OPTION,
     check_engine,
     check_outputs,
     split_option,
@@ -117,6 +119,7 @@ def validate(
     dtype: str = DTYPE_OPTION,
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
+    pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
     force: bool = FORCE_OPTION,
 ) -> None:
@@ -142,7 +145,8 @@ def validate(
     from entmtp.runtime._scheduler import BundleScheduler
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
-                                 graphs=graphs)
+                                 graphs=graphs,
+                                 padded_nodes=runtime_padding(bundle.latency, pad=pad))
     console.print(f"[dim]{decoder.runtime_note}[/dim]")
     eos = sorted(base.eos_token_ids)
     entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle.schedule()), eos=eos)

@@ -18,6 +18,7 @@ from typing import Any
 
 from entmtp.core import HEAD_TYPES
 from entmtp.treesearch import Bundle, Profile
+from entmtp.treesearch._latency import runtime_padding
 
 from ._paired import paired_ratio_interval
 from ._prediction import PredictionCheck, check_prediction
@@ -130,18 +131,19 @@ def bench_rows(runs: Sequence[MethodRuns]) -> list[dict[str, Any]]:
 
 
 def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "auto",
-                  graphs: bool = True) -> tuple[list[Method], list[Any]]:
+                  graphs: bool = True, pad: bool = True) -> tuple[list[Method], list[Any]]:
     """AR, each head set with the reference tree, then each bundle's best static tree and
-    schedule; and the decoders they run on (``engine`` / ``graphs``: their runtime)."""
+    schedule; and the decoders they run on (``engine`` / ``graphs``: their runtime; ``pad``:
+    a bundle's trees at its latency model's padded widths, the reference trees unpadded)."""
     from ._decode import SpeculativeDecoder
     from ._scheduler import BundleScheduler, StaticScheduler
 
     eos = sorted(base.eos_token_ids)
     decoders = []
 
-    def new_decoder(heads, topk):
+    def new_decoder(heads, topk, padded_nodes=None):
         decoders.append(SpeculativeDecoder(base.model, heads, topk=topk, engine=engine,
-                                           graphs=graphs))
+                                           graphs=graphs, padded_nodes=padded_nodes))
         return decoders[-1]
 
     methods = [autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)]
@@ -155,7 +157,8 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "
         methods.append(speculative_method(f"{draft_heads.head_type}-{REFERENCE_TREE}", decoder,
                                           StaticScheduler(tree), eos=eos, info=info))
     for arm in arms:
-        decoder = new_decoder(arm.heads, arm.bundle.heads.topk)
+        decoder = new_decoder(arm.heads, arm.bundle.heads.topk,
+                              runtime_padding(arm.bundle.latency, pad=pad))
         if arm.bundle.best_static is not None:
             static = arm.bundle.best_static.tree
             methods.append(speculative_method(

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -63,7 +63,7 @@ from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler, StaticScheduler
 from ._static_model import static_support
-from ._static_step import StaticEngine, static_generate
+from ._static_step import StaticEngine, check_padding, padding_note, static_generate
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
     check_tree_attention_support,
@@ -211,13 +211,17 @@ class SpeculativeDecoder:
     ``filled`` (CPU default) or ``full`` (the whole cache, masked; CUDA default). ``breakdown``:
     log draft / verify / bookkeeping times of static steps separately (a device sync between
     phases, no graphs); without it a static step logs its whole time as ``verify_ms``.
-    ``step``, ``prepare``, ``fused_empty_step`` and ``commit`` are the eager runtime's steps.
+    ``padded_nodes``: node count -> the node count its tree is verified at on the static
+    runtime (a bundle's ``latency.padding``: a tree is never slower than a cheaper larger one;
+    None: unpadded; the eager runtime never pads). ``step``, ``prepare``,
+    ``fused_empty_step`` and ``commit`` are the eager runtime's steps.
     """
 
     def __init__(
         self, model: torch.nn.Module, heads: torch.nn.Module, *, topk: int | Sequence[int] = 10,
         probe: bool = False, engine: str = "auto", graphs: bool = True,
         window: str | None = None, breakdown: bool = False,
+        padded_nodes: Mapping[int, int] | None = None,
     ) -> None:
         check_tree_attention_support(model)
         if probe:
@@ -241,12 +245,14 @@ class SpeculativeDecoder:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         self.window = window
         self.breakdown = bool(breakdown)
+        self.padded_nodes = check_padding(padded_nodes)
         self._static: StaticEngine | None = None
 
     @property
     def runtime_note(self) -> str:
         """One line: which runtime greedy ``generate`` runs on, and why."""
-        return _runtime_note(self.static_reason, self.device, self.graphs and not self.breakdown)
+        note = _runtime_note(self.static_reason, self.device, self.graphs and not self.breakdown)
+        return note + padding_note(self.padded_nodes if self.static_reason is None else {})
 
     def warm_up(self, scheduler: Scheduler, *, max_context: int) -> None:
         """Make the static runtime ready for ``scheduler``'s trees and contexts up to
@@ -265,7 +271,7 @@ class SpeculativeDecoder:
         if self._static is None:
             self._static = StaticEngine(self.model, self.drafter, topk=self.topk,
                                         graphs=self.graphs and not self.breakdown,
-                                        window=self.window)
+                                        window=self.window, padded_nodes=self.padded_nodes)
         return self._static
 
     def plan(self, tree: Tree) -> TreePlan:

@@ -60,6 +60,14 @@ of the schedule's deepest tree, so prepare and fused steps are timed for every d
 deepest); Hydra's preparation is head 1 whatever the depth. A point's time is the trimmed mean
 of its ``repeats`` (``TRIM`` cut at each end): the mean, because a decode's time is the sum of
 its steps, trimmed so that one stray pause does not move it.
+
+**Padded widths** (static engine only; the eager runtime never pads): every fit derives the
+model's ``padded_nodes`` from the raw curve (``padding_table``: a node count verified at a
+cheaper larger measured count), so the checks and the re-measurements judge the effective
+curve the runtime will run. After the last re-measurement the padded steps themselves, the
+engine's ``TreeStep`` of each measured tree at its padded width (as decoding runs it), are timed
+in interleaved rounds and kept as points with ``padded_to`` (never fitted), which a check holds
+against the price ``step_ms`` gives them.
 """
 
 from __future__ import annotations
@@ -76,11 +84,12 @@ import torch
 from entmtp.calibrate._row_gemm import uses_few_row_kernel
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.core import EntmtpError, describe_machine
-from entmtp.treesearch._latency import LatencyModel, LatencyPoint
+from entmtp.treesearch._latency import LatencyModel, LatencyPoint, with_padding
 from entmtp.treesearch._tree import Tree
 
 from ._decode import DecodingState, SpeculativeDecoder
 from ._kv_cache import truncate_cache
+from ._static_step import TreeStep
 from ._verify import forward_tokens, greedy_accept
 
 DEFAULT_NODE_COUNTS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -235,11 +244,17 @@ def profile_latency(
         samples.update(timer.rounds(again, warmup=min(warmup, 1), repeats=repeats))
         latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
                        topk=topk, heads=heads, passes=passes)
+    padded_keys = timer.add_padded(latency.padding)
+    if padded_keys:
+        samples.update(timer.rounds(padded_keys, warmup=warmup, repeats=repeats))
+        latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
+                       topk=topk, heads=heads, passes=passes)
     return latency
 
 
-# A timed point: (step kind, index, context); index is the tree's (tree steps) or the draft
-# depth (prepare / fused_empty), 0 for the autoregressive step.
+# A timed point: (step kind, index, context); index is the tree's (tree steps; "padded": the
+# tree at its padded width) or the draft depth (prepare / fused_empty), 0 for the autoregressive
+# step.
 _Key = tuple[str, int, int]
 
 
@@ -284,6 +299,25 @@ class _StepTimer:
     def time(self, key: _Key) -> float:
         return self.steps.time(key)
 
+    @property
+    def pads(self) -> bool:
+        """Whether the runtime timed verifies trees at padded widths (the static engine)."""
+        return isinstance(self.steps, _StaticSteps)
+
+    def add_padded(self, padding: dict[int, int]) -> list[_Key]:
+        """Keys of the measured trees that ``padding`` pads, at their padded widths (contexts
+        interleaved; none on a runtime that does not pad); ``keys`` then lists them too."""
+        if not self.pads:
+            return []
+        padded = {i: padding[t.num_nodes] for i, t in enumerate(self.trees)
+                  if t.num_nodes in padding}
+        if not padded:
+            return []
+        self.steps.add_padded(padded)
+        keys = [("padded", i, length) for length in self.steps.contexts for i in padded]
+        self.keys += [key for key in keys if key not in self.keys]
+        return keys
+
     def describe(self) -> dict[str, Any]:
         """What was timed, for the model's ``hardware`` record."""
         return {"runtime_note": self.decoder.runtime_note, **self.steps.describe()}
@@ -326,10 +360,14 @@ class _StaticSteps:
                  draft_depths: list[int], prompt: torch.Tensor, clock: Any) -> None:
         engine = decoder.static_engine
         self.engine, self.clock = engine, clock
+        self.trees, self.contexts, self.prompt = trees, contexts, prompt
         empty = Tree.from_paths([])
         # Base-entropy schedules' steps; a static tree's skip the entropies, a draft-entropy
         # schedule's drafted steps draft from the prepared heads and prepare at their end.
-        self.tree_steps = [engine.tree_step(tree, base_entropy=True) for tree in trees]
+        # Raw widths: the curve the padding table is derived from.
+        self.tree_steps = [engine.tree_step(tree, base_entropy=True, width=tree.num_nodes + 1)
+                           for tree in trees]
+        self.padded_steps: dict[int, TreeStep] = {}  # by tree index, once the table is known
         self.autoregressive = engine.tree_step(empty)  # autoregressive_generate's step
         # Fusing heads: every draft-entropy step prepares the next at its end (an empty one in
         # its projection), so no step prepares before its choice: the replay's prepare charge
@@ -339,24 +377,44 @@ class _StaticSteps:
                         if self.books_prepare else {})
         self.fused = ({d: engine.tree_step(empty, prepare_depth=d, fuse=True)
                        for d in draft_depths} if decoder.fuses_empty else {})
-        preparing = engine.prepare_step(max(draft_depths))
+        self.preparing = engine.prepare_step(max(draft_depths))
         steps = [*self.tree_steps, self.autoregressive, *self.prepare.values(),
-                 *self.fused.values(), preparing]
+                 *self.fused.values(), self.preparing]
         with torch.inference_mode():
+            # Padded widths are measured node counts: no padded step needs more room.
             engine.reserve(max(contexts) + max(step.cache_width for step in steps))
             engine.reserve_prepared()
-            engine.capture(steps)  # before the prefills: a capture's warm-up writes cache slots
-            self.states: dict[int, list[torch.Tensor]] = {}
-            prompt = prompt.to(engine.device)
-            for length in sorted(contexts):
-                engine.prefill(prompt[:length])
-                engine.run(preparing, length)
-                self.states[length] = engine.save_state()
+        self._capture_and_prefill(steps)
+
+    @torch.inference_mode()
+    def _capture_and_prefill(self, steps: list) -> None:
+        """Capture ``steps`` (before the prefills: a capture's warm-up writes cache slots), then
+        prefill every context and save its state."""
+        engine = self.engine
+        engine.capture(steps)
+        self.states: dict[int, list[torch.Tensor]] = {}
+        prompt = self.prompt.to(engine.device)
+        for length in sorted(self.contexts):
+            engine.prefill(prompt[:length])
+            engine.run(self.preparing, length)
+            self.states[length] = engine.save_state()
+
+    def add_padded(self, widths: dict[int, int]) -> None:
+        """The steps of trees ``widths`` keys (indices) at those padded node counts: the
+        engine's own padded ``TreeStep``, as decoding with the table runs it."""
+        for index, padded in widths.items():
+            tree = self.trees[index]
+            self.padded_steps[index] = self.engine.tree_step(tree, base_entropy=True,
+                                                             width=padded + 1)
+        if self.engine.graphs:  # captures write cache slots: prefill the contexts again
+            self._capture_and_prefill(list(self.padded_steps.values()))
 
     def step(self, key: _Key):
         kind, index, _ = key
         if kind == "tree":
             return self.tree_steps[index]
+        if kind == "padded":
+            return self.padded_steps[index]
         if kind == "autoregressive":
             return self.autoregressive
         return self.prepare[index] if kind == "prepare" else self.fused[index]
@@ -436,19 +494,20 @@ class _EagerSteps:
 def _point(timer: _StepTimer, key: _Key, times: Sequence[float]) -> LatencyPoint:
     step, index, length = key
     low, median, high = (float(q) for q in np.percentile(times, [25, 50, 75]))
-    tree = timer.trees[index] if step == "tree" else None
+    tree = timer.trees[index] if step in ("tree", "padded") else None
     return LatencyPoint(
-        step=step, context=length, ms=trimmed_mean(times), median_ms=median,
-        iqr_ms=max(high - low, 0.0), rounds=len(times),
+        step="tree" if step == "padded" else step, context=length, ms=trimmed_mean(times),
+        median_ms=median, iqr_ms=max(high - low, 0.0), rounds=len(times),
         nodes=tree.num_nodes if tree is not None else 0,
         depth=tree.depth if tree is not None else index,
+        padded_to=timer.steps.padded_steps[index].width - 1 if step == "padded" else 0,
     )
 
 
 def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths: list[int],
          repeats: int, warmup: int, topk: int, heads, passes: int) -> LatencyModel:
     points = [_point(timer, key, samples[key]) for key in timer.keys]
-    rows = [(p.nodes, p.depth, p.ms) for p in points if p.step == "tree"]
+    rows = [(p.nodes, p.depth, p.ms) for p in points if p.step == "tree" and not p.padded_to]
 
     def mean_of(step: str, depth: int | None = None) -> float | None:
         chosen = [p.ms for p in points
@@ -485,7 +544,8 @@ def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths
         fused_empty_ms_by_depth=fused_by_depth if per_depth else (),
         hardware=hardware,
     )
-    return replace(model, points=tuple(points))
+    model = replace(model, points=tuple(points))
+    return with_padding(model) if timer.pads else model
 
 
 def _trees_to_measure(

@@ -31,13 +31,25 @@ stream, then capture; the state buffers are restored after every warm-up run) an
 attention then reads the whole static cache under a mask that blocks the unfilled slots. On the
 CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
 cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
+
+**Padded widths.** A few-row matmul's time depends on the row count's alignment (a CPU kernel
+can run 16 rows faster than 12), so a tree may be cheaper to verify at the width of a larger
+one. ``padded_nodes`` (the latency model's table: node count -> the node count it is verified
+at) makes an ``n``-node tree's step run ``w = padded + 1`` rows: the ``q = n + 1`` tree rows,
+then ``w - q`` padding rows whose token is the pending token at the root's position. Padding rows
+attend to the past and to themselves; no tree row attends to them (``padded_tree_mask``), so the
+tree rows' results are the unpadded step's, up to the kernels' rounding for another row count.
+They are never in ``retrieve`` (never accepted), their keys and values go to the cache slots
+after the tree's (the step's ``cache_width`` is ``w``: the reserve counts it) and compaction
+moves only the accepted path. Empty trees (the autoregressive and fused empty steps) are never
+padded.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +57,7 @@ import torch
 
 from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.core import EntmtpError
+from entmtp.treesearch._latency import padding_summary
 from entmtp.treesearch._tree import Tree
 
 from ._drafter import Drafter, MedusaDrafter, Prepared
@@ -106,12 +119,14 @@ class StaticEngine:
     ``topk``: candidates per head for the trees' plans. ``graphs``: capture steps as CUDA
     graphs (CUDA only; ignored elsewhere). ``window``: ``filled`` (attend over the filled cache
     slots only; CPU default) or ``full`` (the whole cache under a mask: fixed shapes; CUDA
-    default, required for graphs).
+    default, required for graphs). ``padded_nodes``: node count -> the node count its tree is
+    verified at (the latency model's ``padding``; see the module doc); None or empty: unpadded.
     """
 
     def __init__(
         self, model: torch.nn.Module, drafter: Drafter | None, *, topk: int | tuple[int, ...] = 1,
         graphs: bool = True, window: str | None = None,
+        padded_nodes: Mapping[int, int] | None = None,
     ) -> None:
         self.net = StaticLlama(model)
         self.drafter = drafter
@@ -125,6 +140,7 @@ class StaticEngine:
         if self.graphs and window != "full":
             raise EntmtpError("CUDA graphs need window='full' (fixed shapes)")
         self.full_window = window == "full"
+        self.padded_nodes = check_padding(padded_nodes)
         self.cache: torch.Tensor | None = None  # [layers, 2, kv_heads, capacity, head_dim]
         self.columns: torch.Tensor | None = None  # [capacity] int64: arange(capacity)
         self.capacity = 0
@@ -180,16 +196,24 @@ class StaticEngine:
             tensor.copy_(value)
 
     # -- steps -----------------------------------------------------------------------------
+    def width_of(self, tree: Tree) -> int:
+        """Rows ``tree``'s step verifies: its tokens, or its padded node count's plus one."""
+        if tree.num_nodes == 0:
+            return 1
+        return self.padded_nodes.get(tree.num_nodes, tree.num_nodes) + 1
+
     def tree_step(self, tree: Tree, *, base_entropy: bool = False, prepare_depth: int = 0,
-                  fuse: bool = False) -> TreeStep:
+                  fuse: bool = False, width: int | None = None) -> TreeStep:
         """The (cached) step of ``tree``.
 
         ``base_entropy``: output the accepted path's base entropies. ``prepare_depth`` > 0
         (draft-entropy schedules): draft from the prepared buffer and prepare the next state
         for trees of depth <= ``prepare_depth``. ``fuse``: an empty tree whose Medusa heads
-        share the lm_head prepares in its base projection.
+        share the lm_head prepares in its base projection. ``width``: rows to verify (>= the
+        tree's tokens; None: ``width_of(tree)``, the engine's padding).
         """
-        flags = (base_entropy, prepare_depth, fuse)
+        width = self.width_of(tree) if width is None else int(width)
+        flags = (base_entropy, prepare_depth, fuse, width)
         known = self._steps_by_id.get((id(tree), *flags))
         if known is not None:  # holding the tree keeps its id from being reused
             return known[1]
@@ -199,7 +223,7 @@ class StaticEngine:
         if step is None:
             plan = tree_plan(tree, self.topk, self.device)
             step = TreeStep(self, plan, base_entropy=base_entropy, prepare_depth=prepare_depth,
-                            fuse=fuse)
+                            fuse=fuse, width=width)
             self._steps[(tree, *flags)] = step
         self._steps_by_id[(id(tree), *flags)] = (tree, step)
         return step
@@ -216,8 +240,8 @@ class StaticEngine:
         every step ``scheduler`` may run; with graphs also capture them now, so that decoding
         never pays a capture (else each step is captured on its first use)."""
         options = StepOptions.of(scheduler, fuses_empty)
-        self.reserve(max_context + max(tree.num_nodes + 1 for tree in scheduler.trees))
         steps: list[TreeStep | PrepareStep] = [self.step_for(t, options) for t in scheduler.trees]
+        self.reserve(max_context + max(step.cache_width for step in steps))
         if options.prepare_depth:
             self.reserve_prepared()
             steps.append(self.prepare_step(options.prepare_depth))
@@ -331,28 +355,39 @@ class TreeStep:
     """Draft, verify, accept and compact one tree (``plan``) from the engine's state buffers."""
 
     def __init__(self, engine: StaticEngine, plan: TreePlan, *, base_entropy: bool,
-                 prepare_depth: int, fuse: bool) -> None:
+                 prepare_depth: int, fuse: bool, width: int | None = None) -> None:
         if (plan.depth or prepare_depth) and engine.drafter is None:
             raise EntmtpError("a tree with drafted nodes needs draft heads")
         if fuse and (plan.num_nodes or not prepare_depth
                      or not isinstance(engine.drafter, MedusaDrafter)):
             raise EntmtpError("only an empty tree with Medusa heads fuses the next preparation")
+        width = plan.size if width is None else int(width)
+        if width < plan.size or (width > plan.size and plan.num_nodes == 0):
+            raise EntmtpError(f"a tree of {plan.num_nodes} nodes cannot be verified at width "
+                              f"{width}: use at least {plan.size} rows (an empty tree: 1)")
         self.engine = engine
         self.plan = plan
         self.base_entropy = base_entropy
         self.prepare_depth = int(prepare_depth)
         self.fuse = bool(fuse)
-        self.cache_width = plan.size  # cache slots it writes after the past length
+        self.width = width  # rows verified: the tree's q, then padding rows
+        self.cache_width = width  # cache slots it writes after the past length
         self.name = (f"tree q={plan.size} depth={plan.depth}"
+                     + (f" width={width}" if width > plan.size else "")
                      + (f" prepare={prepare_depth}" if prepare_depth else "")
                      + (" fused" if fuse else ""))
         device = engine.device
-        width = plan.depth + 1
-        self.slots = torch.arange(plan.size, device=device)  # [q] cache slot offsets
-        self.keep_slots = torch.arange(width, device=device)  # [D+1]
-        self.root_only = self.slots == 0  # [q] bool
-        self.out_ints = torch.zeros(2 + width, dtype=torch.int64, device=device)
-        self.out_floats = torch.full((width + 1,), math.nan, dtype=torch.float32, device=device)
+        path_width = plan.depth + 1
+        padding = width - plan.size
+        self.slots = torch.arange(width, device=device)  # [w] cache slot offsets
+        # [w] rotary position offsets: node depths, then the root's for the padding rows
+        self.depths = torch.cat([plan.depths, plan.depths.new_zeros(padding)])
+        self.tree_mask = plan.padded_tree_mask(width)  # [w, w] bool
+        self.keep_slots = torch.arange(path_width, device=device)  # [D+1]
+        self.root_only = self.slots[: plan.size] == 0  # [q] bool
+        self.out_ints = torch.zeros(2 + path_width, dtype=torch.int64, device=device)
+        self.out_floats = torch.full((path_width + 1,), math.nan, dtype=torch.float32,
+                                     device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
 
@@ -378,12 +413,16 @@ class TreeStep:
 
     def verify(self, tokens: torch.Tensor, past_len: int | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Hidden states [q, H] and logits [q, V] of the tree; when fused also the next step's
-        prepared heads [prepare_depth, V]."""
-        engine, plan = self.engine, self.plan
+        """Hidden states [w, H] and logits [w, V] of the tree's ``tokens`` [q] and the padding
+        rows (w = q unpadded); when fused also the next step's prepared heads
+        [prepare_depth, V]."""
+        engine = self.engine
         past = engine.past_len
         mask, kv_len = self._mask(past_len)
-        hidden = engine.net.backbone(engine.cache, tokens, plan.depths + past, self.slots + past,
+        padding = self.width - self.plan.size
+        if padding:  # any valid token: the pending one (the root's)
+            tokens = torch.cat([tokens, engine.pending.expand(padding)])
+        hidden = engine.net.backbone(engine.cache, tokens, self.depths + past, self.slots + past,
                                      mask, kv_len)
         if self.fuse:
             logits, prepared = engine.drafter.project_with_base(hidden, self.prepare_depth)
@@ -391,22 +430,24 @@ class TreeStep:
         return hidden, engine.net.logits(hidden), None
 
     def _mask(self, past_len: int | None) -> tuple[torch.Tensor | None, int | None]:
-        engine, plan = self.engine, self.plan
+        engine, width = self.engine, self.width
         if not engine.full_window:
             if past_len is None:
                 raise EntmtpError("a filled-window step needs the host's past length")
-            if plan.size == 1:
+            if width == 1:
                 return None, past_len + 1
-            return plan.attention_mask(past_len, engine.dtype)[0, 0], past_len + plan.size
+            return (self.plan.attention_mask(past_len, engine.dtype, width)[0, 0],
+                    past_len + width)
         relative = engine.columns - engine.past_len  # [capacity]: slot - past length
-        in_tree = (relative >= 0) & (relative < plan.size)
-        tree_part = plan.tree_mask.index_select(1, relative.clamp(0, plan.size - 1))
+        in_tree = (relative >= 0) & (relative < width)
+        tree_part = self.tree_mask.index_select(1, relative.clamp(0, width - 1))
         return (relative < 0)[None, :] | (tree_part & in_tree[None, :]), None
 
     def accept(self, tokens: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
                prepared: torch.Tensor | None) -> None:
         """Greedy acceptance, compaction, outputs and the state update (tensor ops only)."""
         engine, plan = self.engine, self.plan
+        logits = logits[: plan.size]  # [q]: the padding rows are never accepted
         argmax = logits.argmax(dim=-1)  # [q]
         if plan.num_nodes == 0:
             length = self.out_ints.new_ones(1)
@@ -478,6 +519,25 @@ class PrepareStep:
 
     def readback(self) -> float:
         return self.out_floats.tolist()[0]
+
+
+def check_padding(padded_nodes: Mapping[int, int] | None) -> dict[int, int]:
+    """``padded_nodes`` as a dict of ints; raises ``EntmtpError`` unless every entry pads a
+    drafted tree (n >= 1) to at least its own node count."""
+    table = {int(n): int(m) for n, m in (padded_nodes or {}).items()}
+    bad = [(n, m) for n, m in table.items() if n < 1 or m < n]
+    if bad:
+        n, m = bad[0]
+        raise EntmtpError(f"padding {n} -> {m} nodes: a tree of n >= 1 nodes pads to m >= n "
+                          "nodes; fix the latency model's padded_nodes")
+    return {n: m for n, m in table.items() if m > n}
+
+
+def padding_note(padded_nodes: Mapping[int, int]) -> str:
+    """``""``, or "; trees verified at padded widths: 2->3, 11-14->15 nodes", for a one-line
+    runtime note."""
+    summary = padding_summary(dict(padded_nodes))
+    return f"; trees verified at padded widths: {summary}" if summary else ""
 
 
 def _host_ms() -> float:

@@ -44,20 +44,43 @@ class TreePlan:
     def size(self) -> int:
         return self.num_nodes + 1
 
-    def float_tree_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """[q, q] additive mask: 0 where attention is allowed, dtype-min where it is blocked."""
-        mask = self._masks.get(dtype)
+    def padded_tree_mask(self, width: int | None = None) -> torch.Tensor:
+        """[w, w] bool: the tree mask padded to ``width`` >= q rows (None: q, the tree mask).
+
+        Padding rows ``q..w-1`` attend to themselves only (and, through the cache, to the
+        past); no tree row attends to a padding row, so padding changes no tree row's result.
+        """
+        width = self.size if width is None else int(width)
+        if width == self.size:
+            return self.tree_mask
+        if width < self.size:
+            raise ValueError(f"a tree of {self.size} tokens cannot run at width {width}")
+        mask = self._masks.get(("bool", width))
         if mask is None:
-            mask = torch.zeros(self.tree_mask.shape, dtype=dtype, device=self.tree_mask.device)
-            mask.masked_fill_(~self.tree_mask, torch.finfo(dtype).min)
-            self._masks[dtype] = mask
+            mask = torch.eye(width, dtype=torch.bool, device=self.tree_mask.device)
+            mask[: self.size, : self.size] = self.tree_mask
+            self._masks[("bool", width)] = mask
         return mask
 
-    def attention_mask(self, past_len: int, dtype: torch.dtype) -> torch.Tensor:
-        """[1, 1, q, past_len + q] additive mask: every past position allowed, tree part = tree."""
-        tree_part = self.float_tree_mask(dtype)
-        mask = torch.zeros((1, 1, self.size, past_len + self.size), dtype=dtype,
-                           device=tree_part.device)
+    def float_tree_mask(self, dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
+        """[w, w] additive mask (``padded_tree_mask``; w = q by default): 0 where attention is
+        allowed, dtype-min where it is blocked."""
+        width = self.size if width is None else int(width)
+        mask = self._masks.get((dtype, width))
+        if mask is None:
+            allowed = self.padded_tree_mask(width)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            self._masks[(dtype, width)] = mask
+        return mask
+
+    def attention_mask(self, past_len: int, dtype: torch.dtype, width: int | None = None
+                       ) -> torch.Tensor:
+        """[1, 1, w, past_len + w] additive mask (w = q by default, else the padded width):
+        every past position allowed, tree part = ``float_tree_mask``."""
+        tree_part = self.float_tree_mask(dtype, width)
+        rows = tree_part.shape[0]
+        mask = torch.zeros((1, 1, rows, past_len + rows), dtype=dtype, device=tree_part.device)
         mask[0, 0, :, past_len:] = tree_part
         return mask
 

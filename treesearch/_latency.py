@@ -44,6 +44,20 @@ at least ``MIN_SPREAD_ROUNDS`` (4) rounds, or its spread means nothing. A model 
 no measured spread (``points`` empty: files measured before the profiler kept it) is checked
 with zero noise and says so.
 
+**Padded widths.** A step's time need not grow with the tree: a few-row matmul's time depends on
+the row count's alignment, so on a CPU a 15-node tree (16 rows) can verify faster than an
+11-node one. The runtime can verify an ``n``-node tree at the width of a larger one (padding rows
+that change no result, runtime/_static_step.py), so ``padded_nodes`` (optional; node count ->
+the measured node count it is verified at, only counts that pad) makes such a dip unreachable.
+``padding_table`` derives it from the measured curve: ``n`` pads to the cheapest measured count
+``m >= n`` whose step is cheaper than ``n``'s beyond noise (``NOISE_SIGMAS`` standard errors of
+the difference; a strict saving when no spread was measured), the smallest such ``m`` on ties.
+Past the last measured count the curve extrapolates upward, so nothing pads there. ``step_ms``
+prices a tree at its padded count plus its own depth term (the effective curve), and the
+monotonicity check runs on that effective curve; ``verify_ms`` stays the raw measured curve.
+The profiler also times the padded steps themselves (points with ``padded_to``, never fitted):
+a check flags a padded step that costs more than its price beyond noise.
+
 ``noise_gain_bound`` is the gain over the best static tree that the noise alone could produce:
 ``1 + NOISE_SIGMAS * sqrt(2) * eps`` with ``eps`` the median relative standard error of the
 ``verify_ms`` knots (two step costs, each off by its noise). The schedule search ships a
@@ -55,7 +69,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +104,7 @@ class LatencyPoint:
     rounds: int
     nodes: int = 0  # tree steps: the tree's node count
     depth: int = 0  # tree steps: the tree's depth; prepare / fused_empty: the draft depth
+    padded_to: int = 0  # tree steps verified at a padded width: that node count (0: unpadded)
 
     def __post_init__(self) -> None:
         if self.step not in STEP_KINDS:
@@ -105,14 +120,17 @@ class LatencyPoint:
         return self.iqr_ms / IQR_PER_SIGMA / math.sqrt(self.rounds)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.padded_to:  # optional: absent means the tree's own width
+            del out["padded_to"]
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LatencyPoint:
         return cls(step=str(obj["step"]), context=int(obj["context"]), ms=float(obj["ms"]),
                    median_ms=float(obj["median_ms"]), iqr_ms=float(obj["iqr_ms"]),
                    rounds=int(obj["rounds"]), nodes=int(obj.get("nodes", 0)),
-                   depth=int(obj.get("depth", 0)))
+                   depth=int(obj.get("depth", 0)), padded_to=int(obj.get("padded_to", 0)))
 
 
 @dataclass(frozen=True)
@@ -146,6 +164,7 @@ class LatencyModel:
     hardware: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[tuple[int, int, float], ...] = ()  # raw (nodes, depth, ms) fitted
     points: tuple[LatencyPoint, ...] = ()  # every measured point with its spread (): none kept
+    padded_nodes: tuple[tuple[int, int], ...] = ()  # (n, m): n-node trees verified at m > n nodes
 
     def __post_init__(self) -> None:
         nodes = tuple(int(n) for n in self.nodes)
@@ -180,20 +199,37 @@ class LatencyModel:
         object.__setattr__(self, "fused_empty_ms_by_depth", fused_by_depth)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "verify_ms", verify)
+        padded = tuple(sorted((int(n), int(m)) for n, m in dict(self.padded_nodes).items()))
+        for n, m in padded:
+            if not 1 <= n < m or m not in nodes:
+                raise EntmtpError(f"latency model pads {n} nodes to {m}: padded_nodes maps a "
+                                  "node count n >= 1 to a larger measured node count")
+        object.__setattr__(self, "padded_nodes", padded)
 
     def step_ms(self, num_nodes: int | np.ndarray, depth: int | np.ndarray) -> float | np.ndarray:
-        """Modelled ms of one draft+verify step; extrapolates linearly past the last count,
-        never downwards (a last segment that falls, noise or a kernel's dip, would otherwise
-        price large trees below zero)."""
-        n = np.asarray(num_nodes, dtype=np.float64)
-        x = np.asarray(self.nodes, dtype=np.float64)
-        y = np.asarray(self.verify_ms, dtype=np.float64)
-        out = np.interp(n, x, y)
-        if len(x) >= 2:
-            slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
-            out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
-        out = out + self.depth_ms * np.asarray(depth, dtype=np.float64)
+        """Modelled ms of one draft+verify step: the raw curve at the tree's padded node count
+        (``padded_count``) plus the tree's own depth term."""
+        verify = raw_verify_ms(self, self.padded_count(num_nodes))
+        out = verify + self.depth_ms * np.asarray(depth, dtype=np.float64)
         return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def padding(self) -> dict[int, int]:
+        """``padded_nodes`` as a dict: node count -> node count it is verified at."""
+        return dict(self.padded_nodes)
+
+    @property
+    def padding_summary(self) -> str:
+        """The table in words ("11-14->15 nodes"; "" when nothing pads)."""
+        return padding_summary(self.padding)
+
+    def padded_count(self, num_nodes: int | np.ndarray) -> np.ndarray:
+        """The node count a tree of ``num_nodes`` nodes is verified at (float array)."""
+        n = np.asarray(num_nodes, dtype=np.float64)
+        out = n.copy()
+        for count, padded in self.padded_nodes:
+            out = np.where(n == count, float(padded), out)
+        return out
 
     def tree_ms(self, tree) -> float:
         return float(self.step_ms(tree.num_nodes, tree.depth))
@@ -226,7 +262,8 @@ class LatencyModel:
         "fused_empty" at draft ``depth`` (-1: every depth, the scalar field).
         """
         if step == "tree":
-            chosen = [p for p in self.points if p.step == "tree" and p.nodes == nodes]
+            chosen = [p for p in self.points
+                      if p.step == "tree" and p.nodes == nodes and not p.padded_to]
         else:
             chosen = [p for p in self.points
                       if p.step == step and (depth == -1 or p.depth == depth)]
@@ -332,6 +369,9 @@ class LatencyModel:
         # null: no spread was measured (files from before the profiler kept it)
         out["noise"] = {"points": [p.to_json() for p in self.points]} if self.points else None
         del out["points"]
+        del out["padded_nodes"]
+        if self.padded_nodes:  # optional: absent means every tree runs at its own width
+            out["padded_nodes"] = {str(n): m for n, m in self.padded_nodes}
         out["warnings"] = self.warnings  # for a reader of the file: recomputed on load
         if self.fused_empty_ms is None:  # optional: absent means the heads cannot be fused
             del out["fused_empty_ms"]
@@ -379,6 +419,13 @@ class LatencyModel:
                                   f"last entry it is: keep the list alone, or {fix}")
         if "hardware" in obj:
             require(obj, "hardware", dict, source=source, fix=fix)
+        padded = require(obj, "padded_nodes", dict, source=source, fix=fix) \
+            if "padded_nodes" in obj else {}
+        for key, value in padded.items():
+            if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+                    or not isinstance(value, int):
+                raise EntmtpError(f"{source}: padded_nodes: {short(repr(key))}: "
+                                  f"{short(repr(value))} is not node count -> node count: {fix}")
         noise = obj.get("noise")
         if noise is not None:
             require(obj, "noise", dict, source=source, fix=fix)
@@ -397,6 +444,7 @@ class LatencyModel:
                 measurements=tuple(tuple(m) for m in obj.get("measurements", ())),
                 points=tuple(LatencyPoint.from_json(p)
                              for p in (noise or {}).get("points", ())),
+                padded_nodes=tuple((int(n), int(m)) for n, m in padded.items()),
             )
         except EntmtpError as err:
             raise EntmtpError(f"{source}: {err}: {fix}") from err
@@ -519,26 +567,128 @@ def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
             f"the empty-tree step {empty:.2f} ms costs more than an autoregressive step "
             f"{ar:.2f} ms plus {DECODER_OVERHEAD:.0%} beyond noise ({NOISE_SIGMAS * error:.2f} "
             f"ms){noise}", nodes=(0,), steps=(("autoregressive", -1),))
+    # The effective curve: each measured count at the count it is verified at (padded_nodes).
+    padding = model.padding
+    position = {n: i for i, n in enumerate(model.nodes)}
+    verified = [padding.get(n, n) for n in model.nodes]
+    effective = [model.verify_ms[position[m]] for m in verified]
+    errors = [model.figure_error_ms("tree", nodes=m) for m in verified]
     falls = []
     for j in range(1, len(model.nodes)):
         # against every smaller tree: the costliest one may be too noisy to show a fall that a
         # quieter one shows
         worst = None
         for i in range(j):
-            error = math.hypot(model.figure_error_ms("tree", nodes=model.nodes[j]),
-                               model.figure_error_ms("tree", nodes=model.nodes[i]))
-            margin = model.verify_ms[i] - model.verify_ms[j] - NOISE_SIGMAS * error
-            if _beyond(model.verify_ms[j], model.verify_ms[i], error) and (
+            error = math.hypot(errors[j], errors[i])
+            margin = effective[i] - effective[j] - NOISE_SIGMAS * error
+            if _beyond(effective[j], effective[i], error) and (
                     worst is None or margin > worst[0]):
                 worst = (margin, i, NOISE_SIGMAS * error)
         if worst is not None:
             _, i, tolerance = worst
-            falls.append((model.nodes[i], model.nodes[j], model.verify_ms[i],
-                          model.verify_ms[j], tolerance))
+            falls.append((model.nodes[i], model.nodes[j], effective[i], effective[j], tolerance))
     if falls:
         shown = "; ".join(f"{a} -> {b} nodes: {ma:.2f} -> {mb:.2f} ms (noise {tol:.2f})"
                           for a, b, ma, mb, tol in falls[:3])
         more = f"; {len(falls) - 3} more" if len(falls) > 3 else ""
+        padded = " (at the padded widths the runtime verifies)" if padding else ""
         yield LatencyFinding(
-            f"step time falls as the tree grows, beyond noise{noise}: {shown}{more}",
+            f"step time falls as the tree grows{padded}, beyond noise{noise}: {shown}{more}",
             nodes=tuple(sorted({n for a, b, *_ in falls for n in (a, b)})))
+    dear = []
+    for (n, depth, m), group in _padded_groups(model).items():
+        measured = math.fsum(p.ms for p in group) / len(group)
+        priced = float(model.step_ms(n, depth))
+        error = math.hypot(math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in group))
+                           / len(group), model.figure_error_ms("tree", nodes=m))
+        if _beyond(priced, measured, error):
+            dear.append((n, depth, m, measured, priced, NOISE_SIGMAS * error))
+    if dear:
+        shown = "; ".join(f"{n} nodes (depth {d}) at {m}: {ms:.2f} ms, priced {pr:.2f} "
+                          f"(noise {tol:.2f})" for n, d, m, ms, pr, tol in dear[:3])
+        yield LatencyFinding(
+            f"a padded step costs more than the step it is priced at, beyond noise: {shown}",
+            nodes=tuple(sorted({k for n, _, m, *_ in dear for k in (n, m)})))
+
+
+def _padded_groups(model: LatencyModel) -> dict[tuple[int, int, int], list[LatencyPoint]]:
+    """Points of padded steps by (nodes, depth, padded count), those the table still pads."""
+    padding = model.padding
+    groups: dict[tuple[int, int, int], list[LatencyPoint]] = {}
+    for p in model.points:
+        if p.step == "tree" and p.padded_to and padding.get(p.nodes) == p.padded_to:
+            groups.setdefault((p.nodes, p.depth, p.padded_to), []).append(p)
+    return groups
+
+
+def raw_verify_ms(model: LatencyModel, num_nodes: int | np.ndarray) -> np.ndarray:
+    """The measured curve (no padding, no depth term) at ``num_nodes``: piecewise linear
+    through the knots, extrapolated linearly past the last count, never downwards (a last
+    segment that falls, noise or a kernel's dip, would otherwise price large trees below
+    zero)."""
+    n = np.asarray(num_nodes, dtype=np.float64)
+    x = np.asarray(model.nodes, dtype=np.float64)
+    y = np.asarray(model.verify_ms, dtype=np.float64)
+    out = np.interp(n, x, y)
+    if len(x) >= 2:
+        slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+        out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
+    return out
+
+
+def raw_verify_error_ms(model: LatencyModel, num_nodes: int | np.ndarray) -> np.ndarray:
+    """Standard error of ``raw_verify_ms``: a knot's ``figure_error_ms``, linearly interpolated
+    between knots (the bound for errors that may be correlated; never below the quieter
+    knot's), the last knot's past it."""
+    n = np.asarray(num_nodes, dtype=np.float64)
+    x = np.asarray(model.nodes, dtype=np.float64)
+    se = np.array([model.figure_error_ms("tree", nodes=k) for k in model.nodes])
+    return np.interp(n, x, se)
+
+
+def padding_table(model: LatencyModel) -> dict[int, int]:
+    """Node count -> the measured node count it is cheaper to verify at (see the module doc):
+    for every ``n`` in ``1..nodes[-1]``, the measured ``m > n`` with the cheapest raw step
+    among those cheaper than ``n``'s beyond noise (strictly cheaper without a spread), the
+    smallest on ties; counts no such ``m`` exists for are left out."""
+    knots = np.asarray(model.nodes, dtype=np.int64)
+    knot_ms = raw_verify_ms(model, knots)
+    knot_se = raw_verify_error_ms(model, knots)
+    counts = np.arange(1, int(knots[-1]) + 1)
+    count_ms = raw_verify_ms(model, counts)
+    count_se = raw_verify_error_ms(model, counts)
+    # [counts, knots]: the knot is a candidate for the count: larger and cheaper beyond noise
+    saving = count_ms[:, None] - knot_ms[None, :]
+    tolerance = NOISE_SIGMAS * np.hypot(count_se[:, None], knot_se[None, :])
+    candidate = (knots[None, :] > counts[:, None]) & (saving > tolerance)
+    priced = np.where(candidate, knot_ms[None, :], np.inf)
+    best = np.argmin(priced, axis=1)  # the first (smallest) knot among equal prices
+    padded = candidate.any(axis=1)
+    return {int(n): int(knots[b]) for n, b, p in zip(counts, best, padded, strict=True) if p}
+
+
+def with_padding(model: LatencyModel) -> LatencyModel:
+    """``model`` with the ``padding_table`` of its measured curve."""
+    return replace(model, padded_nodes=tuple(padding_table(model).items()))
+
+
+def runtime_padding(latency: LatencyModel | None, *, pad: bool = True) -> dict[int, int] | None:
+    """The padding table a runtime verifies a bundle's trees at: its latency model's (None: no
+    model, a model without a table, or ``pad`` off)."""
+    if not pad or latency is None or not latency.padded_nodes:
+        return None
+    return latency.padding
+
+
+def padding_summary(padded_nodes: dict[int, int]) -> str:
+    """"2->3, 11-14->15 nodes" (consecutive counts padded to one count as one range); "" for
+    no padding."""
+    runs: list[list[int]] = []  # [first, last, padded]
+    for n, m in sorted(padded_nodes.items()):
+        if runs and runs[-1][1] == n - 1 and runs[-1][2] == m:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n, m])
+    if not runs:
+        return ""
+    return ", ".join(f"{a}->{m}" if a == b else f"{a}-{b}->{m}" for a, b, m in runs) + " nodes"

@@ -298,7 +298,7 @@ def latency_lines(latency: LatencyModel) -> list[str]:
                 figures.append((f"{step.replace('_', ' ')}, draft depth {depth}", step, 0,
                                 depth, cost))
         for label, step, nodes, depth, ms in figures:
-            mine = [p for p in latency.points if p.step == step
+            mine = [p for p in latency.points if p.step == step and not p.padded_to
                     and (p.nodes == nodes if step == "tree" else depth in (-1, p.depth))]
             if not mine or ms is None:
                 continue
@@ -307,6 +307,9 @@ def latency_lines(latency: LatencyModel) -> list[str]:
             lines.append(f"| {label} | {ms:.2f} | {len(mine)} | {iqr:.2f} | {error:.2f} |")
     warnings = latency.warnings
     lines.append("")
+    if latency.padded_nodes:
+        lines += [f"Trees verified at padded widths (cheaper beyond noise): "
+                  f"{latency.padding_summary}.", ""]
     if warnings:
         lines += ["**Warning: the latency model fails its checks; the trees below may follow "
                   "measurement noise. Re-measure on a quiet machine (`entmtp latency`) and "

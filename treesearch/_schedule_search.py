@@ -156,7 +156,9 @@ def _fingerprint(profile: Profile, candidates: Sequence[Tree], latency: LatencyM
     digest.update(json.dumps([latency.nodes, latency.verify_ms, latency.depth_ms,
                               latency.prepare_ms, latency.fused_empty_ms,
                               latency.prepare_ms_by_depth,
-                              latency.fused_empty_ms_by_depth]).encode())
+                              latency.fused_empty_ms_by_depth,
+                              # only when set: unpadded models keep their earlier fingerprints
+                              *([latency.padded_nodes] if latency.padded_nodes else [])]).encode())
     digest.update(np.ascontiguousarray(profile.entropy()).tobytes())
     digest.update(np.ascontiguousarray(profile.ranks()).tobytes())
     return digest.hexdigest()[:16]

@@ -398,3 +398,25 @@ def test_calibrate_strict_refuses_a_too_noisy_measurement(busy_machine, tiny_mod
     assert line.startswith("entmtp: error:") and "--strict" in line
     assert "too noisy" in line and "entmtp latency" in line
     assert not (out / "latency.json").exists() and not (out / "bundle.json").exists()
+
+
+def test_latency_prints_and_writes_the_padded_widths(profiler, tiny_model_dir, tmp_path,
+                                                     monkeypatch):
+    """A 1-node step dearer than a 3-node one (a kernel's row alignment): the file pads 1-2
+    nodes to 3 and the command says so."""
+    from entmtp.runtime import _latency_profile
+
+    def time(timer, key):
+        step, index, _ = key
+        if step in ("tree", "padded"):
+            nodes = timer.trees[index].num_nodes
+            return 30.0 if step == "tree" and nodes == 1 else 10.0 + nodes
+        return {"autoregressive": 9.9, "prepare": 1.0, "fused_empty": 10.5}[step]
+
+    monkeypatch.setattr(_latency_profile._StepTimer, "time", time)
+    out = tmp_path / "latency.json"
+    result = runner.invoke(app, _latency_args(out, tiny_model_dir))
+    assert result.exit_code == 0, result.output
+    assert "padded widths: 1-2->3 nodes" in result.output
+    assert json.loads(out.read_text())["padded_nodes"] == {"1": 3, "2": 3}
+    assert LatencyModel.load(out).step_ms(1, 1) == LatencyModel.load(out).step_ms(3, 1)

@@ -452,3 +452,53 @@ def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp
         assert r["departed"] == sum(row["departed"] for row in r["rows"])
         assert r["all_near_ties"]
     assert results[1]["departed"] == 0  # fp32: token-identical to plain greedy decoding
+
+
+@pytest.fixture(scope="module")
+def padded_bundle(varied) -> Path:
+    """The calibrated bundle switching between a 2-node chain and a 5-node tree (the tiny heads
+    earn no tree under the CPU curve, so the search chose the empty one), its latency model
+    padding them to 3 and 7 nodes (a table only a measurement derives)."""
+    from entmtp.treesearch._bundle import TreeStats
+    from entmtp.treesearch._tree import Tree
+
+    bundle = load_bundle(varied.run / "bundle.json")
+    trees = [Tree.from_paths([[0], [0, 0]]),
+             Tree.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])]
+    latency = dataclasses.replace(bundle.latency, padded_nodes=((2, 3), (5, 7)))
+    padded = dataclasses.replace(
+        bundle, trees=trees, thresholds=[1.0], best_static=None, latency=latency,
+        tree_stats=[TreeStats(1.0, latency.tree_ms(t)) for t in trees])
+    return save_bundle(padded, varied.root / "padded-bundle.json")
+
+
+def test_bundles_verify_at_their_padded_widths_unless_told_not_to(varied, padded_bundle,
+                                                                  tmp_path):
+    bundle = load_bundle(padded_bundle)
+    assert bundle.latency.padding == {2: 3, 5: 7}  # the table travels in the bundle
+    out = tmp_path / "validate.json"
+    result = invoke(["validate", padded_bundle, *model_args(varied), "--prompts", 3,
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["lossless"] is True and report["replay_step_agreement"] == 1.0
+    note = report["runtime"]["runtime_note"]
+    assert "trees verified at padded widths: 2->3, 5->7 nodes" in note
+    unpadded = tmp_path / "unpadded.json"
+    result = invoke(["validate", padded_bundle, *model_args(varied), "--prompts", 3,
+                     "--max-new-tokens", MAX_NEW_TOKENS, "--json", unpadded, "--no-pad",
+                     "--no-replay"])
+    assert result.exit_code == 0, result.output
+    assert "padded" not in json.loads(unpadded.read_text())["runtime"]["runtime_note"]
+    result = invoke(["decode", padded_bundle, "--prompt", "Hello there", "--max-new-tokens", 12,
+                     "--model", varied.model, "--heads", varied.medusa])
+    assert result.exit_code == 0, result.output
+    assert "padded widths" in result.output.replace("\n", " ")
+    out = tmp_path / "bench.json"
+    result = invoke(["bench", "--bundle", padded_bundle, *model_args(varied), "--prompts", 2,
+                     "--max-new-tokens", 12, "--json", out])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert all(row["lossless"] for row in report["rows"])
+    notes = report["runtime"]["runtime_note"]  # the reference tree's decoder is unpadded
+    assert isinstance(notes, list) and sum("padded widths" in n for n in notes) == 1

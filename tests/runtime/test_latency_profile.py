@@ -277,8 +277,8 @@ def _reference_problems(model: LatencyModel) -> list[str]:
         return math.sqrt(sum((p.iqr_ms / 1.349 / math.sqrt(p.rounds)) ** 2
                              for p in points)) / len(points)
 
-    trees = {n: [p for p in model.points if p.step == "tree" and p.nodes == n]
-             for n in model.nodes}
+    trees = {n: [p for p in model.points if p.step == "tree" and p.nodes == n
+                 and not p.padded_to] for n in model.nodes}
     problems = []
     empty = model.verify_ms[0]
     ar_points = [p for p in model.points if p.step == "autoregressive"]
@@ -291,11 +291,17 @@ def _reference_problems(model: LatencyModel) -> list[str]:
         mine = [p for p in model.points if p.step == "fused_empty" and p.depth == depth]
         if fused < empty - 3 * math.hypot(error(mine), error(trees[0])):
             problems.append(f"fused {depth} below plain")
+    # the step time at the width each count is verified at (padded_nodes) must not fall
+    verified = {n: model.padding.get(n, n) for n in model.nodes}
+    ms = {n: model.verify_ms[model.nodes.index(verified[n])] for n in model.nodes}
     for j, n in enumerate(model.nodes):
-        for i, m in enumerate(model.nodes[:j]):
-            if model.verify_ms[j] < model.verify_ms[i] - 3 * math.hypot(error(trees[n]),
-                                                                          error(trees[m])):
+        for m in model.nodes[:j]:
+            if ms[n] < ms[m] - 3 * math.hypot(error(trees[verified[n]]),
+                                              error(trees[verified[m]])):
                 problems.append(f"{m} -> {n} falls")
+        if verified[n] != n and not ms[n] < model.verify_ms[j] - 3 * math.hypot(
+                error(trees[n]), error(trees[verified[n]])):
+            problems.append(f"{n} padded to {verified[n]} for no saving")
     spreads = sorted(p.iqr_ms / p.ms for p in model.points)
     if float(np.median(spreads)) > 0.25:
         problems.append("too noisy")
@@ -350,8 +356,11 @@ def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, 
     """Each round times, at each context, every measured tree's base-entropy step, the empty
     tree's plain step (autoregressive), and per draft depth the fused empty step (fusing heads)
     or the heads' preparation (other heads): the engine's step objects, nothing else."""
+    from entmtp.runtime import _latency_profile
     from entmtp.runtime._static_step import PrepareStep, TreeStep
 
+    # real timings on a shared machine may show a dip: no padded rounds here (tested below)
+    monkeypatch.setattr(_latency_profile, "with_padding", lambda model: model)
     runs = _record_static_runs(monkeypatch)
     model = rt.sharp_llama(6)
     heads = new_heads(model, head_type=head_type, num_heads=2, seed=0, shared_lm_head=shared)
@@ -402,15 +411,24 @@ def _fresh_outcome(model, heads, prompt, tree, *, topk, capacity):
         return step.out_ints.tolist(), step.out_floats.tolist()
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("graphs", [False, True])
 def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, monkeypatch,
-                                                                            graphs):
+                                                                            graphs, padded):
     """Every timed step leaves the engine's state buffers and cache as it found them, and a
     tree's outputs at each context equal those of a fresh engine prefilled with that context,
     round after round: the contexts share one cache without seeing each other's steps. With
-    graphs (capture emulated on the CPU) every step is captured once, before any is timed."""
+    graphs (capture emulated on the CPU) every step is captured once, before any is timed
+    (padded steps: before any padded one is). ``padded``: 2-node trees verified at 5 nodes give
+    the unpadded outputs."""
+    from dataclasses import replace
+
     from entmtp.runtime import _latency_profile
     from entmtp.runtime._static_step import StaticEngine
+
+    # a fixed table (real timings on a shared machine may show any dip)
+    monkeypatch.setattr(_latency_profile, "with_padding",
+                        lambda model: replace(model, padded_nodes=((2, 5),) if padded else ()))
 
     captured, timing = [], []
     if graphs:
@@ -428,7 +446,10 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
                 self.step.body(None)
 
         def capture(engine, step):
-            assert not timing, "a step was captured while timing"
+            is_padded = getattr(step, "width", 1) > getattr(getattr(step, "plan", None),
+                                                            "size", 1)
+            assert not timing or (is_padded and all(key[0] != "padded" for key in timing)), \
+                "a step was captured while timing"
             captured.append(step)
             return Replay(step)
 
@@ -452,7 +473,7 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
         assert all(torch.equal(a, b) for a, b in zip(engine.state_tensors(),
                                                      steps.states[key[2]], strict=True))
         step = steps.step(key)
-        if key[0] == "tree":
+        if key[0] in ("tree", "padded"):
             outputs.setdefault(key, []).append((step.out_ints.tolist(), step.out_floats.tolist()))
         return elapsed
 
@@ -468,12 +489,13 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
     if graphs:
         timed = {id(timer_steps[0].step(key)) for key in timing}
         assert len(captured) == len({id(s) for s in captured})  # each step once
-        assert timed <= {id(s) for s in captured} and len(timed) == 3 + 1 + 1
+        assert timed <= {id(s) for s in captured} and len(timed) == 3 + 1 + 1 + padded
     timing.clear()  # the reference engines below capture as they go
     vocab = model.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(0, vocab, (max(contexts),),
                            generator=torch.Generator().manual_seed(seed))
     trees = {}
+    assert any(key[0] == "padded" for key in outputs) == padded
     for (_, index, length), seen in outputs.items():
         for ints, floats in seen:  # the same step from the same state, round after round
             assert ints == seen[0][0] and floats == pytest.approx(seen[0][1], nan_ok=True)
@@ -499,3 +521,67 @@ def test_a_model_the_static_engine_cannot_run_is_profiled_on_the_eager_steps(rt)
     assert latency.prepare_ms > 0  # the eager runtime prepares before a draft-entropy choice
     with pytest.raises(EntmtpError, match="engine='static'"):
         profile_latency(model, heads, node_counts=(0,), context_lengths=(8,), engine="static")
+
+
+def test_a_dip_in_the_static_curve_is_padded_and_the_padded_steps_are_timed(rt, monkeypatch):
+    """2-node trees cost more than 4-node ones beyond noise: the model verifies 1-3 nodes at
+    4, passes the monotonicity check on that effective curve (no re-measurement for it), and
+    keeps the timed padded steps as points the check holds against their price."""
+    def durations(timer, key, call):
+        step, index, _ = key
+        if step == "tree" and timer.trees[index].num_nodes == 2:
+            return 30.0 + 0.05 * (call % 3)
+        return _steady(timer, key, call)
+
+    latency, script = _scripted_profile(rt, monkeypatch, durations)
+    assert latency.padding == {1: 4, 2: 4, 3: 4}
+    assert latency.warnings == [] and latency.hardware["remeasure_passes"] == 0
+    assert latency.step_ms(2, 1) == pytest.approx(latency.step_ms(4, 1))
+    padded_points = [p for p in latency.points if p.padded_to]
+    assert {(p.nodes, p.padded_to) for p in padded_points} == {(2, 4)}
+    assert {p.context for p in padded_points} == {8, 16}
+    assert all(count == 1 + 6 for key, count in script.calls.items() if key[0] == "padded")
+    # the raw curve and its knots come from unpadded steps only
+    assert latency.verify_ms[latency.nodes.index(2)] > 29
+    saved = LatencyModel.from_json(json.loads(json.dumps(latency.to_json())))
+    assert saved == latency and saved.padding == {1: 4, 2: 4, 3: 4}
+
+    def dear(timer, key, call):  # padded steps that do not deliver the cheaper width's time
+        return 40.0 if key[0] == "padded" else durations(timer, key, call)
+
+    latency, _ = _scripted_profile(rt, monkeypatch, dear)
+    assert any("padded step costs more than the step it is priced at" in w
+               for w in latency.warnings)
+    # the eager runtime never pads: its model keeps the dip, and says so
+    eager, _ = _scripted_profile(rt, monkeypatch, durations, engine="eager")
+    assert eager.padding == {} and not any(p.padded_to for p in eager.points)
+    assert any("falls as the tree grows" in w for w in eager.warnings)
+
+
+def test_the_padded_steps_timed_are_the_runtimes_own(rt, monkeypatch):
+    """With a table, the profiler times each padded tree with the engine's ``TreeStep`` at the
+    padded width: the step a decoder given that table builds for the tree."""
+    from dataclasses import replace
+
+    from entmtp.runtime import _latency_profile
+    from entmtp.runtime._decode import SpeculativeDecoder
+    from entmtp.runtime._static_step import TreeStep
+
+    monkeypatch.setattr(_latency_profile, "with_padding",
+                        lambda model: replace(model, padded_nodes=((2, 4),)))
+    runs = _record_static_runs(monkeypatch)
+    model = rt.sharp_llama(6)
+    heads = new_heads(model, head_type="hydra", num_heads=2, seed=0)
+    latency = profile_latency(model, heads, node_counts=(0, 2, 4), depths=(1, 2),
+                              context_lengths=(8, 16), repeats=3, warmup=1, topk=3, remeasure=0)
+    padded = {(s.plan.num_nodes, s.plan.depth, s.width) for _, s, _ in runs
+              if isinstance(s, TreeStep) and s.width > s.plan.size}
+    assert padded == {(2, 1, 5), (2, 2, 5)}
+    assert {(p.nodes, p.depth, p.padded_to) for p in latency.points if p.padded_to} == \
+        {(2, 1, 4), (2, 2, 4)}
+    decoder = SpeculativeDecoder(model, heads, topk=3, padded_nodes=latency.padding)
+    for _, step, _ in runs:
+        if isinstance(step, TreeStep) and step.width > step.plan.size:
+            tree = next(t for t in step.engine._steps if step.engine._steps[t] is step)[0]
+            mine = decoder.static_engine.tree_step(tree, base_entropy=True)
+            assert (type(mine), mine.width, mine.name) == (type(step), step.width, step.name)

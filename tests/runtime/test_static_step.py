@@ -84,13 +84,15 @@ def test_every_tree_is_token_identical_to_eager_and_generate(rt, setup, head_typ
             assert got.tokens == reference[: min(stop, max_new)], (name, prompt)
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("window", ["filled", "full"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_real_heads_on_random_trees(rt, setup, head_type, window):
+def test_real_heads_on_random_trees(rt, setup, head_type, window, padded):
     model, references = setup
     heads = _noisy_heads(model, head_type)
     rng = np.random.default_rng(5)
-    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+    static = SpeculativeDecoder(model, heads, topk=TOPK, window=window,
+                                padded_nodes=PADDING if padded else None)
     eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
     for case in range(4):
         tree = rt.random_tree(rng, int(rng.integers(0, 60)), depth=NUM_HEADS, topk=TOPK)
@@ -376,3 +378,150 @@ def test_timed_runs_repeat_the_same_step_from_the_same_state(rt, setup):
                                                               strict=True))
                 assert torch.equal(engine.cache[..., :past, :], context)
             assert outputs[0] == outputs[1] == outputs[2]
+
+
+# Pads every drafted tree by 1 to 13 rows (a latency model pads only where that is cheaper; the
+# runtime must decode the same tokens for any table).
+PADDING = {n: n + 1 + (n % 5) * 3 for n in range(1, 128)}
+
+
+@pytest.mark.parametrize("window", ["filled", "full"])
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_padded_widths_decode_the_unpadded_tokens(rt, setup, head_type, window):
+    """Every tree verified at a padded width gives the unpadded step's tokens, accept lengths
+    and entropies (oracle heads: varied paths, EOS and max_new_tokens cuts)."""
+    model, references = setup
+    rng = np.random.default_rng(31 if head_type == "medusa" else 32)
+    for case, (name, tree) in enumerate(TREES.items()):
+        for prompt in PROMPTS:
+            ids = torch.tensor(prompt)
+            reference = references[tuple(prompt)]
+            ranks = rt.random_ranks(rng, len(reference), NUM_HEADS, TOPK, miss=0.2)
+            heads = rt.OracleHeads(model, ids, reference, ranks, head_type=head_type, topk=TOPK,
+                                   seed=case)
+            padded = SpeculativeDecoder(model, heads, topk=TOPK, window=window,
+                                        padded_nodes=PADDING)
+            plain = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
+            eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+            max_new = int(rng.integers(1, 40))
+            eos = [reference[int(rng.integers(1, 30))]] if case % 2 else []
+            scheduler = BundleScheduler(Schedule((tree,), (), EntropyEstimator.last(),
+                                                 BASE_ENTROPY))
+            got = padded.generate(ids, scheduler, max_new_tokens=max_new, eos_token_ids=eos)
+            _same_run(got, plain.generate(ids, scheduler, max_new_tokens=max_new,
+                                          eos_token_ids=eos))
+            _same_run(got, eager.generate(ids, scheduler, max_new_tokens=max_new,
+                                          eos_token_ids=eos))
+            step = padded.static_engine.tree_step(tree, base_entropy=True)
+            want_width = PADDING[tree.num_nodes] + 1 if tree.num_nodes else 1
+            assert step.width == step.cache_width == want_width, name
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_padded_schedules_on_real_heads_match_eager(rt, setup, head_type):
+    """Switching trees at padded widths, with draft-entropy preparation (Medusa: the empty
+    tree's fused step, never padded)."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    padded = SpeculativeDecoder(model, heads, topk=TOPK, padded_nodes=PADDING)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    for signal, trees in ((DRAFT_ENTROPY, (TREES["deep"], TREES["empty"])),
+                          (BASE_ENTROPY, (TREES["chain"], TREES["mc_sim_7b_63"]))):
+        schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+        for prompt in PROMPTS:
+            got = padded.generate(torch.tensor(prompt), BundleScheduler(schedule),
+                                  max_new_tokens=30)
+            want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule),
+                                  max_new_tokens=30)
+            _same_run(got, want)
+            assert got.tokens == references[tuple(prompt)][:30]
+    assert "padded widths: 1->5, 2->9, 3->13" in padded.runtime_note
+    assert "padded" not in eager.runtime_note
+
+
+def test_padding_rows_change_no_real_row_and_compaction_ignores_them(rt, setup):
+    """One step from one state, unpadded and padded: the same outputs and the same cache up to
+    the new past length; the padding rows' keys sit after the tree's slots."""
+    model, _ = setup
+    heads = _noisy_heads(model, "hydra", scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    tree = TREES["deep"]  # 11 nodes, q = 12
+    engine.reserve(128)
+    with torch.inference_mode():
+        engine.prefill(torch.tensor(PROMPTS[2]))
+        past = len(PROMPTS[2])
+        state = engine.save_state()
+        results = {}
+        for width in (12, 16, 29):
+            engine.restore_state(state)
+            engine.cache[..., past:, :] = 0.0
+            step = engine.tree_step(tree, base_entropy=True, width=width)
+            engine.run(step, past)
+            out = step.readback()
+            cache = engine.cache.clone()
+            results[width] = (out, cache, [t.clone() for t in engine.state_tensors()])
+        out, cache, after = results[12]
+        new_past = past + out.length
+        for width in (16, 29):
+            padded_out, padded_cache, padded_after = results[width]
+            assert padded_out.path_tokens == out.path_tokens
+            assert padded_out.next_token == out.next_token
+            assert padded_out.base_entropies == pytest.approx(out.base_entropies, abs=1e-5)
+            torch.testing.assert_close(padded_cache[..., :new_past, :], cache[..., :new_past, :])
+            for a, b in zip(padded_after, after, strict=True):
+                torch.testing.assert_close(a, b)
+            # the padding rows wrote slots past + 12 .. past + width - 1, nothing beyond
+            assert padded_cache[..., past + 12 : past + width, :].abs().sum() > 0
+            assert padded_cache[..., past + width :, :].abs().sum() == 0
+        with pytest.raises(EntmtpError, match="cannot be verified at width 11"):
+            engine.tree_step(tree, width=11)
+        with pytest.raises(EntmtpError, match="empty tree"):
+            engine.tree_step(TREES["empty"], width=4)
+    with pytest.raises(EntmtpError, match="padding 3 -> 2 nodes"):
+        SpeculativeDecoder(model, heads, topk=TOPK, padded_nodes={3: 2})
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_padded_steps_never_read_a_tensor_on_the_host(rt, setup, head_type, forbid_host_sync):
+    model, _ = setup
+    heads = _noisy_heads(model, head_type)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full", padded_nodes=PADDING)
+    engine = decoder.static_engine
+    engine.reserve(256)
+    engine.reserve_prepared()
+    engine.prefill(torch.tensor(PROMPTS[0]))
+    steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
+    steps.append(engine.tree_step(TREES["deep"], prepare_depth=4))
+    assert all(s.width > s.plan.size for s in steps if s.plan.num_nodes)
+    forbid_host_sync()
+    with torch.inference_mode():
+        for step in steps:
+            step.body(None)
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
+                                                   ("hydra", BASE_ENTROPY)])
+def test_padded_steps_under_emulated_graphs_match_eager(rt, setup, head_type, signal,
+                                                        monkeypatch):
+    """Captured (emulated) padded steps replay the eager tokens; the reserve counts the padded
+    width (a capture's warm-up writes every padding slot)."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full", padded_nodes=PADDING)
+    engine = decoder.static_engine
+    engine.graphs = True
+    fake = _FakeCuda(engine, monkeypatch)
+    trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+        (TREES["chain"], TREES["mc_sim_7b_63"])
+    schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+    for prompt in PROMPTS:
+        got = decoder.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+    assert fake.captures >= 2
+    assert any("width=" in record.step for record in engine.capture_log)
+    widest = max(PADDING[t.num_nodes] + 1 for t in trees if t.num_nodes)
+    assert engine.capacity >= len(PROMPTS[2]) + 30 + widest

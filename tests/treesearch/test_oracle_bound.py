@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from entmtp.treesearch._estimator import EntropyEstimator
-from entmtp.treesearch._latency import LatencyModel
+from entmtp.treesearch._latency import LatencyModel, with_padding
 from entmtp.treesearch._profile import Profile, ProfileMeta, Trace
 from entmtp.treesearch._replay import Replayer, oracle_replay, replay
 from entmtp.treesearch._schedule import Schedule
@@ -44,13 +44,14 @@ def make_trees(rng: np.random.Generator, count: int) -> list[Tree]:
 
 def make_latency(rng: np.random.Generator) -> LatencyModel:
     """Any non-negative figures: step time may fall as trees grow, a fused empty step may cost
-    less than a plain one (a noisy measurement), prepare costs may fall with depth."""
+    less than a plain one (a noisy measurement), prepare costs may fall with depth; half of them
+    verify trees at padded widths."""
     nodes = (0, *sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(0, 6)),
                                    replace=False).tolist()))
     verify = tuple(rng.uniform(1.0, 100.0, len(nodes)).tolist())
     fused = rng.random() < 0.7
     by_depth = rng.random() < 0.5
-    return LatencyModel(
+    model = LatencyModel(
         nodes, verify, autoregressive_ms=float(rng.uniform(1.0, 100.0)),
         depth_ms=float(rng.choice([0.0, rng.uniform(0.0, 20.0)])),
         prepare_ms=float(rng.uniform(0.0, 30.0)) if not by_depth else 0.0,
@@ -59,6 +60,7 @@ def make_latency(rng: np.random.Generator) -> LatencyModel:
         fused_empty_ms_by_depth=(tuple(rng.uniform(0.0, 120.0, HEADS).tolist())
                                  if by_depth and fused else ()),
     )
+    return with_padding(model) if rng.random() < 0.5 else model  # trees priced padded too
 
 
 def random_schedule(rng: np.random.Generator, trees: list[Tree], signal: str) -> Schedule:
