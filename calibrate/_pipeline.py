@@ -53,6 +53,7 @@ from ._rundir import (
     inputs_digest,
     load_acceptance,
     load_front,
+    load_front_header,
     missing_folders,
     record_run_arguments,
     remove_stale_temp_files,
@@ -429,7 +430,7 @@ def retarget_run(
     with its own latency.json, front, report and bundle (whose ``hardware`` is the target's).
     ``validation_folds`` and ``max_nodes``: None keeps the source run's setting."""
     run = source_run(source)
-    front = load_front(run)
+    front = load_front_header(run)
     settings = run_settings(front, run)
     if validation_folds is not None:
         settings = replace(settings, validation_folds=validation_folds)

@@ -116,6 +116,24 @@ def load_front(run: RunDir) -> dict:
     return front
 
 
+def load_front_header(run: RunDir) -> dict:
+    """``front.json``'s format, task and search settings: all a re-search reads. A shipped
+    profile folder (trees/profiles/) holds only these, not the front found on the old hardware."""
+    if not run.front.exists() and not run.front.is_symlink():
+        raise EntmtpError(
+            f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
+        )
+    source = f"front file {run.front}"
+    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    front = read_json(run.front, source=source, fix=fix)
+    if front.get("format", "entmtp-front") != "entmtp-front":
+        raise EntmtpError(f"{source}: format {front.get('format')!r} is not 'entmtp-front': {fix}")
+    if "task" in front:
+        require(front, "task", str, source=source, fix=fix)
+    require(front, "settings", dict, source=source, fix=fix)
+    return front
+
+
 def check_front(front: dict, *, source: str, fix: str) -> None:
     number = (int, float)
 

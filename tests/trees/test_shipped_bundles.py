@@ -180,3 +180,19 @@ def test_shipped_profile_replays_to_each_bundle_searched_from_it(task, head_type
             bundle.predicted.tokens_per_second, rel=1e-9)
         assert result.mean_accept_length == pytest.approx(
             bundle.predicted.mean_accept_length, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_shipped_profile_retargets_to_its_shipped_bundle(tmp_path):
+    """A shipped profile folder holds only front.json's header (format, task, settings), which
+    is all `entmtp retarget` reads: re-searching it under a shipped latency file gives the
+    shipped bundle made from it (same trees; thresholds to the search's rounding)."""
+    from entmtp.calibrate import retarget_run
+
+    run = retarget_run(shipped("profiles", "code-medusa"),
+                       shipped("latency", "cpu2-medusa-smollm2-135m.json"), out=tmp_path / "rt")
+    made = load_bundle(run.root / "bundle.json")
+    want = load_bundle(shipped("bundles", "code-medusa-cpu2.json"))
+    assert made.task == want.task == "code"
+    assert [t.paths for t in made.trees] == [t.paths for t in want.trees]
+    assert made.thresholds == pytest.approx(want.thresholds, abs=1e-4)
