@@ -116,9 +116,13 @@ def load_front(run: RunDir) -> dict:
     return front
 
 
+HEADER_KEYS = frozenset({"format", "task", "settings"})
+
+
 def load_front_header(run: RunDir) -> dict:
     """``front.json``'s format, task and search settings: all a re-search reads. A shipped
-    profile folder (trees/profiles/) holds only these, not the front found on the old hardware."""
+    profile folder (trees/profiles/) holds only these, not the front found on the old hardware;
+    a front that holds more is checked whole, as ``load_front`` does."""
     if not run.front.exists() and not run.front.is_symlink():
         raise EntmtpError(
             f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
@@ -126,7 +130,9 @@ def load_front_header(run: RunDir) -> dict:
     source = f"front file {run.front}"
     fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
     front = read_json(run.front, source=source, fix=fix)
-    if front.get("format", "entmtp-front") != "entmtp-front":
+    if set(front) - HEADER_KEYS:  # a search's whole front: every part must be sound
+        check_front(front, source=source, fix=fix)
+    elif front.get("format", "entmtp-front") != "entmtp-front":
         raise EntmtpError(f"{source}: format {front.get('format')!r} is not 'entmtp-front': {fix}")
     if "task" in front:
         require(front, "task", str, source=source, fix=fix)
