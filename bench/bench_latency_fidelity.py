@@ -25,15 +25,17 @@ import statistics
 
 import torch
 
-from entmtp.calibrate._stats import entropy_from_logits
-from entmtp.cli._live import encode_prompts, load_base, load_heads_for, load_task_prompts
+from entmtp.calibrate import entropy_from_logits, load_base, load_heads_for
+from entmtp.cli._live import encode_prompts, load_task_prompts
 from entmtp.core import HEAD_TYPES
-from entmtp.runtime._decode import SpeculativeDecoder
-from entmtp.runtime._latency_profile import budget_tree, fixed_context_steps
-from entmtp.runtime._scheduler import StaticScheduler
-from entmtp.runtime._verify import greedy_accept
-from entmtp.treesearch import LatencyModel
-from entmtp.treesearch._tree import Tree
+from entmtp.runtime import (
+    SpeculativeDecoder,
+    StaticScheduler,
+    budget_tree,
+    fixed_context_steps,
+    greedy_accept,
+)
+from entmtp.treesearch import LatencyModel, Tree
 
 FIXED_STEPS = 8  # steps per prompt at its fixed context
 

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from entmtp.calibrate._row_gemm import project_rows
-from entmtp.runtime._latency_profile import trimmed_mean
+from entmtp.calibrate import project_rows
+from entmtp.runtime import trimmed_mean
 
 HIDDEN, KV, INTERMEDIATE, VOCAB, LAYERS = 576, 192, 1536, 49152, 30
 

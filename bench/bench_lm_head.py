@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from entmtp.calibrate._row_gemm import project_rows
-from entmtp.runtime._latency_profile import trimmed_mean
+from entmtp.calibrate import project_rows
+from entmtp.runtime import trimmed_mean
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 32, 64)
 

@@ -24,16 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from entmtp.calibrate import load_base
-from entmtp.cli._live import (
-    check_bundle_fits,
-    encode_prompts,
-    load_heads_for,
-    load_task_prompts,
-    read_bundle,
+from entmtp.calibrate import load_base, load_heads_for
+from entmtp.cli._live import check_bundle_fits, encode_prompts, load_task_prompts, read_bundle
+from entmtp.runtime import (
+    NEAR_TIE_ULPS,
+    BundleScheduler,
+    SpeculativeDecoder,
+    autoregressive_generate,
+    check_departure,
 )
-from entmtp.runtime import BundleScheduler, SpeculativeDecoder, autoregressive_generate
-from entmtp.runtime._departures import NEAR_TIE_ULPS, check_departure
 
 
 def emitting_step(step_log, position: int) -> dict[str, Any]:

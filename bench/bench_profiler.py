@@ -18,11 +18,13 @@ import time
 
 import torch
 
-from entmtp.calibrate._greedy import greedy_generate
-from entmtp.calibrate._heads import new_heads
-from entmtp.calibrate._model import load_base_model
-from entmtp.calibrate._profiler import profile_prompts
-from entmtp.calibrate._tasks import load_prompts
+from entmtp.calibrate import (
+    greedy_generate,
+    load_base_model,
+    load_prompts,
+    new_heads,
+    profile_prompts,
+)
 from entmtp.core import HEAD_TYPES
 
 

@@ -13,12 +13,15 @@ import argparse
 import time
 from collections.abc import Callable
 
-from entmtp.treesearch._estimator import EntropyEstimator
-from entmtp.treesearch._greedy import best_tree
-from entmtp.treesearch._latency import LatencyModel
-from entmtp.treesearch._replay import Replayer, replay
-from entmtp.treesearch._schedule import Schedule
-from entmtp.treesearch._synthetic import synthetic_profile
+from entmtp.treesearch import (
+    EntropyEstimator,
+    LatencyModel,
+    Replayer,
+    Schedule,
+    best_tree,
+    replay,
+    synthetic_profile,
+)
 
 
 def best_ms(call: Callable[[], object], repeat: int) -> float:

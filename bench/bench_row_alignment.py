@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from entmtp.calibrate._row_gemm import project_rows
+from entmtp.calibrate import project_rows
 from entmtp.core import cpu_name
 
 # SmolLM2-135M's matrices: [out, in] and products per timing.

@@ -18,11 +18,8 @@ import time
 
 import torch
 
-from entmtp.calibrate import _row_gemm
-from entmtp.calibrate._random_model import random_model
-from entmtp.runtime._kv_cache import new_cache, truncate_cache
-from entmtp.runtime._latency_profile import trimmed_mean
-from entmtp.runtime._verify import forward_tokens
+from entmtp.calibrate import _row_gemm, random_model
+from entmtp.runtime import forward_tokens, new_cache, trimmed_mean, truncate_cache
 
 DEFAULT_MODEL = "trees/latency/SmolLM2-135M-Instruct.Q4_1"
 

@@ -24,15 +24,18 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate._heads import load_heads, new_heads
-from entmtp.calibrate._model import load_base_model
-from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.calibrate import entropy_from_logits, load_base_model, load_heads, new_heads
 from entmtp.core import HEAD_TYPES
-from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
-from entmtp.runtime._kv_cache import compact_cache, truncate_cache
-from entmtp.runtime._latency_profile import budget_tree
-from entmtp.runtime._scheduler import StaticScheduler
-from entmtp.runtime._verify import forward_tokens, greedy_accept
+from entmtp.runtime import (
+    SpeculativeDecoder,
+    StaticScheduler,
+    autoregressive_generate,
+    budget_tree,
+    compact_cache,
+    forward_tokens,
+    greedy_accept,
+    truncate_cache,
+)
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",

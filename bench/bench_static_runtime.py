@@ -25,12 +25,10 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate._heads import load_heads, new_heads
+from entmtp.calibrate import load_heads, new_heads
 from entmtp.core import HEAD_TYPES, cpu_name, describe_machine
-from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
-from entmtp.runtime._latency_profile import budget_tree
-from entmtp.runtime._scheduler import StaticScheduler
-from entmtp.treesearch._run import reference_tree
+from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate, budget_tree
+from entmtp.treesearch import reference_tree
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -55,7 +53,7 @@ def tiny_setup(head_types):
 
 
 def model_setup(head_types):
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.calibrate import load_base_model
 
     base = load_base_model()
     shipped = Path(str(resources.files("entmtp.trees").joinpath("heads")))

@@ -34,22 +34,19 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import resolve_dtype
-from entmtp.calibrate._heads import new_heads
+from entmtp.calibrate import new_heads, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, device_name
-from entmtp.runtime._decode import (
+from entmtp.runtime import (
+    BundleScheduler,
     SpeculativeDecoder,
+    StaticLlama,
+    StaticScheduler,
     autoregressive_engine,
     autoregressive_generate,
+    budget_tree,
+    check_departure,
 )
-from entmtp.runtime._departures import check_departure
-from entmtp.runtime._latency_profile import budget_tree
-from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
-from entmtp.runtime._static_model import StaticLlama
-from entmtp.treesearch._estimator import EntropyEstimator
-from entmtp.treesearch._run import reference_tree
-from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import DRAFT_ENTROPY, EntropyEstimator, Schedule, Tree, reference_tree
 
 # SmolLM2-135M-Instruct's config (its config.json).
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -21,11 +21,16 @@ import argparse
 import numpy as np
 import torch
 
-from entmtp.calibrate import SHIPPED_HEADS, shipped_heads_path
-from entmtp.calibrate._heads import load_heads
-from entmtp.calibrate._model import load_base_model
-from entmtp.calibrate._tasks import TASKS, load_prompts
-from entmtp.calibrate._train import _examples, _prefixes, generate_trajectories
+from entmtp.calibrate import (
+    SHIPPED_HEADS,
+    TASKS,
+    generate_trajectories,
+    load_base_model,
+    load_heads,
+    load_prompts,
+    shipped_heads_path,
+)
+from entmtp.calibrate._train import _examples, _prefixes
 
 
 def roc_auc(signal: np.ndarray, accepted: np.ndarray) -> float:

@@ -13,8 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from entmtp.runtime._benchmark import REFERENCE_TREE  # the reference rows' tree
-from entmtp.runtime._prediction import DRIFT_LIMIT
+from entmtp.runtime import DRIFT_LIMIT, REFERENCE_TREE
 
 
 @dataclass(frozen=True)

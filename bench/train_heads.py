@@ -35,26 +35,23 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate._heads import new_heads, save_heads
-from entmtp.calibrate._model import load_base_model
-from entmtp.calibrate._tasks import (
+from entmtp.calibrate import (
     CODE_INSTRUCTION,
     TASKS,
-    _is_creative_request,
-    _iter_json_array,
-    _usable_prompt,
-    load_prompts,
-)
-from entmtp.calibrate._train import (
     Trajectory,
     accuracy_table,
     fit_heads,
     generate_trajectories,
     head_accuracy,
+    load_base_model,
+    load_prompts,
     load_trajectories,
+    new_heads,
+    save_heads,
     save_trajectories,
     text_trajectories,
 )
+from entmtp.calibrate._tasks import _is_creative_request, _iter_json_array, _usable_prompt
 
 GSM8K_TRAIN = "gsm8k/train.jsonl"
 REPO_ROOT = Path(__file__).resolve().parents[1]

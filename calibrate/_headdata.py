@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from entmtp.core import EntmtpError, atomic_write, atomic_write_json
-from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json
+from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
 from ._greedy import greedy_generate
 from ._heads import _unwrap_base
@@ -224,7 +224,7 @@ def write_head_data(
     num_shards = math.ceil(len(items) / shard_size)
     index_path = folder / INDEX_NAME
     if index_path.is_file():
-        index = _read_index(folder)
+        index = read_head_data_index(folder)
         check_fingerprint(index["model"], base, folder)
         if index.get("plan_sha256") != plan:
             raise EntmtpError(
@@ -268,7 +268,8 @@ def write_head_data(
 # Reading
 
 
-def _read_index(folder: Path) -> dict[str, Any]:
+def read_head_data_index(folder: Path) -> dict[str, Any]:
+    """The index of a head-data folder, checked: one line if it is missing or foreign."""
     path = folder / INDEX_NAME
     if not path.exists():
         raise EntmtpError(f"{folder} is no head-data folder (no {INDEX_NAME}): make one with "
@@ -287,7 +288,7 @@ def read_head_data(path: str | os.PathLike, base: Any | None = None, *,
     """All records of a finished data folder (or, with ``allow_unfinished``, of the finished
     shards of a stopped run); with ``base``, refuse another model's data."""
     folder = Path(path)
-    index = _read_index(folder)
+    index = read_head_data_index(folder)
     if base is not None:
         check_fingerprint(index["model"], base, folder)
     if not index["shards"]:

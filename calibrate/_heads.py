@@ -48,14 +48,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from entmtp.core import HEAD_TYPES, EntmtpError
-from entmtp.core._atomic import (
-    _make_folder,
-    _remove_folders,
+from entmtp.core import (
+    HEAD_TYPES,
+    EntmtpError,
     check_writable_target,
+    make_folder,
     may_replace_read_only,
+    remove_folders,
 )
-from entmtp.treesearch._readers import read_json
+from entmtp.treesearch import read_json
 
 from ._row_gemm import project_rows, use_few_row_kernel
 
@@ -472,11 +473,11 @@ def save_heads(
 
     target = check_heads_target(folder)
     parent = target.parent if str(target.parent) else Path(".")
-    created = _make_folder(parent)
+    created = make_folder(parent)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
     except OSError as err:
-        _remove_folders(created)
+        remove_folders(created)
         raise EntmtpError(
             f"cannot write heads to {target}: {err.strerror}; choose a writable --out"
         ) from err
@@ -505,7 +506,7 @@ def save_heads(
         _swap_into_place(staging, target)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
-        _remove_folders(created)
+        remove_folders(created)
         if isinstance(err, OSError):
             raise EntmtpError(f"cannot write heads to {target}: {err.strerror or err}: free some "
                               "space or choose another --out") from err

@@ -83,7 +83,7 @@ def measure_latency(
         raise EntmtpError(f"--remeasure {remeasure}: give 0 or more")
     import torch
 
-    from entmtp.runtime._latency_profile import profile_latency
+    from entmtp.runtime import profile_latency
 
     previous_threads = torch.get_num_threads()
     try:

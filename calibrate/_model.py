@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from entmtp.core import EntmtpError, atomic_write_json, dtype_name
-from entmtp.treesearch._readers import check_regular_file, read_json
+from entmtp.treesearch import check_regular_file, read_json
 
 from ._row_gemm import use_few_row_kernel
 from ._tasks import user_cache_dir

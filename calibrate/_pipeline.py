@@ -37,12 +37,13 @@ from entmtp.treesearch import (
     load_bundle,
     make_bundle,
     merge_profiles,
+    open_storage,
+    outcome_to_json,
+    report_markdown,
     save_bundle,
     search,
     synthetic_profile,
 )
-from entmtp.treesearch._run import outcome_to_json, report_markdown
-from entmtp.treesearch._storage import open_storage
 
 from ._loading import check_device_and_dtype, check_engine, load_model_and_heads
 from ._rundir import (
@@ -203,7 +204,7 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
                                           f"{f' (measured on {where})' if where else ''}"))
         _warn(progress, check_latency_model(reused, strict=strict, source=str(run.latency)))
         return
-    from entmtp.runtime._latency_profile import profile_latency
+    from entmtp.runtime import profile_latency
 
     base, draft_heads = loader()  # on --device in --dtype: the steps are timed there
     device = next(base.model.parameters()).device

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from entmtp.core import HEAD_TYPES, EntmtpError, atomic_write
-from entmtp.treesearch._profile import Profile, ProfileMeta, Trace, values_problem
+from entmtp.treesearch import Profile, ProfileMeta, Trace, values_problem
 
 from ._greedy import greedy_generate
 from ._model import BaseModel, model_fingerprint

@@ -11,10 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.core import EntmtpError, atomic_write_json, check_writable_target
-from entmtp.core._atomic import check_output_folder
-from entmtp.treesearch import AcceptanceTable, Profile
-from entmtp.treesearch._readers import read_json, read_text, require, short
+from entmtp.core import EntmtpError, atomic_write_json, check_output_folder, check_writable_target
+from entmtp.treesearch import AcceptanceTable, Profile, read_json, read_text, require, short
 
 
 @dataclass(frozen=True)

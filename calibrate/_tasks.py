@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entmtp.core import EntmtpError, atomic_write_json
-from entmtp.treesearch._readers import parse_jsonl, read_bytes, read_json, read_jsonl
+from entmtp.treesearch import parse_jsonl, read_bytes, read_json, read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")
 SPLITS = ("calibration", "heldout", "all")

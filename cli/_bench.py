@@ -22,22 +22,25 @@ from rich.markup import escape
 from rich.table import Table
 
 from entmtp.calibrate import command_line
-from entmtp.core._atomic import all_or_none
-from entmtp.runtime._benchmark import (
+from entmtp.core import all_or_none
+from entmtp.runtime import (
     AUTOREGRESSIVE,
     BEST_STATIC,
+    RATE_DEFINITION,
     REFERENCE,
     REFERENCE_ROWS,
     REFERENCE_TREE,
     BundleArm,
+    OracleBound,
+    PredictionCheck,
     bench_methods,
     bench_rows,
     bundle_prediction,
     profile_per_head_set,
+    run_side_by_side,
+    runtime_report,
     torch_threads,
 )
-from entmtp.runtime._prediction import OracleBound, PredictionCheck
-from entmtp.runtime._validation import RATE_DEFINITION, run_side_by_side, runtime_report
 from entmtp.treesearch import Bundle, EntmtpError
 
 from ._errors import user_errors
@@ -194,7 +197,7 @@ def heads_for_bundle(bundle: Bundle, base, head_sets):
 
 def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
     """Where and when the rows were measured (the README's results table cites it)."""
-    from entmtp.runtime._latency_profile import hardware_info
+    from entmtp.runtime import hardware_info
 
     info = hardware_info(model)
     info.update(torch_threads=torch_threads,

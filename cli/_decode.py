@@ -9,8 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from entmtp.treesearch import EntmtpError
-from entmtp.treesearch._latency import runtime_padding
+from entmtp.treesearch import EntmtpError, runtime_padding
 
 from ._errors import user_errors
 from ._live import (
@@ -107,8 +106,7 @@ def decode(
         raise EntmtpError("--prompt encodes to no tokens: give some text")
     base.check_fits_context("given with --prompt", len(ids), max_new_tokens)  # as validate does
 
-    from entmtp.runtime._decode import SpeculativeDecoder
-    from entmtp.runtime._scheduler import BundleScheduler
+    from entmtp.runtime import BundleScheduler, SpeculativeDecoder
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
                                  graphs=graphs,

@@ -25,7 +25,7 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from entmtp.core._atomic import replacing_read_only
+        from entmtp.core import replacing_read_only
 
         try:
             with replacing_read_only(bool(kwargs.get("force", False))):

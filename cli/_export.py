@@ -7,8 +7,14 @@ from pathlib import Path
 import typer
 
 from entmtp.calibrate import RunDir
-from entmtp.treesearch import EXPORT_FORMATS, EntmtpError, LatencyModel, Profile, load_bundle
-from entmtp.treesearch._exports import export_bundle
+from entmtp.treesearch import (
+    EXPORT_FORMATS,
+    EntmtpError,
+    LatencyModel,
+    Profile,
+    export_bundle,
+    load_bundle,
+)
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION

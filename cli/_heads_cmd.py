@@ -73,7 +73,7 @@ class StageProgress:
 
 def training_prompts(tasks: list[str], data: str | None, *, split: str, num_prompts: int,
                      seed: int) -> list[Any]:
-    from entmtp.calibrate._tasks import load_prompts
+    from entmtp.calibrate import load_prompts
 
     if data is not None:
         return load_prompts(tasks[0] if tasks else "chat", data=data, split=split,
@@ -150,19 +150,18 @@ def train(
         raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
-    from entmtp.calibrate._heads import check_heads_target
+    from entmtp.calibrate import check_heads_target
 
     check_heads_target(out)  # before hours of training, not after
     if from_data is not None:
-        from entmtp.calibrate._headdata import _read_index
+        from entmtp.calibrate import read_head_data_index
 
-        _read_index(from_data)  # a missing or foreign folder fails before the model loads
+        read_head_data_index(from_data)  # a missing or foreign folder fails before the model loads
         items: list[Any] = []
     else:
         items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
-    from entmtp.calibrate._heads import new_heads, save_heads
-    from entmtp.calibrate._train import train_heads, train_on_trajectories
+    from entmtp.calibrate import new_heads, save_heads, train_heads, train_on_trajectories
 
     base = load_base(model, device=device, dtype=dtype)
     heads = new_heads(base.model, head_type=head_type, num_heads=num_heads,
@@ -171,7 +170,7 @@ def train(
     source: dict[str, Any]
     with StageProgress(console) as progress:
         if from_data is not None:
-            from entmtp.calibrate._headdata import read_head_data, record_trajectories
+            from entmtp.calibrate import read_head_data, record_trajectories
 
             head_data = read_head_data(from_data, base, allow_unfinished=allow_unfinished)
             trajectories = record_trajectories(base, head_data.records,
@@ -256,13 +255,13 @@ def data_command(
     if shard_size < 1 or generation_batch < 1:
         raise EntmtpError("--shard-size and --generation-batch must be at least 1")
     check_output_folder(out, what="head-data folder")  # before the model loads
-    from entmtp.calibrate._headdata import (
+    from entmtp.calibrate import (
         DataItem,
         encode_item,
+        load_prompts,
         read_jsonl_items,
         write_head_data,
     )
-    from entmtp.calibrate._tasks import load_prompts
 
     rows = [row for path in data for row in read_jsonl_items(path)]
     task_prompts = [(name, prompt) for name in task for prompt in
@@ -319,13 +318,17 @@ def eval_command(
     device, _ = check_device_and_dtype(device, dtype)
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
-    from entmtp.calibrate._headdata import _read_index, read_head_data, record_trajectories
-    from entmtp.calibrate._heads import load_heads
-    from entmtp.calibrate._train import accuracy_table as markdown_table
-    from entmtp.calibrate._train import head_accuracy
+    from entmtp.calibrate import accuracy_table as markdown_table
+    from entmtp.calibrate import (
+        head_accuracy,
+        load_heads,
+        read_head_data,
+        read_head_data_index,
+        record_trajectories,
+    )
     from entmtp.core import atomic_write_json
 
-    _read_index(from_data)
+    read_head_data_index(from_data)
     check_outputs(json_out)
     base = load_base(model, device=device, dtype=dtype)
     loaded = [(path, load_heads(path, base.model)) for path in heads]

@@ -17,10 +17,8 @@ import typer
 from rich.console import Console
 
 from entmtp.calibrate import check_latency_model, measure_latency, retarget_run, source_run
-from entmtp.core import SYNTHETIC_LABEL, EntmtpError, hardware_label
-from entmtp.core._atomic import all_or_none
-from entmtp.treesearch import LatencyModel, load_bundle
-from entmtp.treesearch._latency import MAX_TREE_NODES
+from entmtp.core import SYNTHETIC_LABEL, EntmtpError, all_or_none, hardware_label
+from entmtp.treesearch import MAX_TREE_NODES, LatencyModel, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import (

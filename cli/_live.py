@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from entmtp.core import atomic_write_json
-from entmtp.runtime._validation import EncodedPrompt, RunProgress
+from entmtp.runtime import EncodedPrompt, RunProgress
 from entmtp.treesearch import Bundle, EntmtpError, load_bundle
 
 from ._model_setup import (  # noqa: F401 - re-exported for the live commands
@@ -51,7 +51,7 @@ def check_head_type(head_type: str | None) -> None:
 # -- prompts ----------------------------------------------------------------------------------
 def task_for(task: str | None, data: str | None, fallback: str | None) -> str:
     """The task to load: the option, else the bundle's task; any valid name labels ``--data``."""
-    from entmtp.calibrate._tasks import TASKS
+    from entmtp.calibrate import TASKS
 
     if task is not None:
         if task not in TASKS:
@@ -70,7 +70,7 @@ def task_for(task: str | None, data: str | None, fallback: str | None) -> str:
 def load_task_prompts(*, task: str, data: str | None, split: str, num_prompts: int,
                       seed: int) -> list[Any]:
     """TaskPrompts (loaded before the model, so that bad prompt options fail fast)."""
-    from entmtp.calibrate._tasks import load_prompts
+    from entmtp.calibrate import load_prompts
 
     return load_prompts(task, data=data, split=split, num_prompts=num_prompts, seed=seed)
 

@@ -21,9 +21,9 @@ from entmtp.calibrate import (  # noqa: F401 - the commands' names for the libra
     resolve_heads,
     shipped_heads_path,
 )
-from entmtp.core import HEAD_TYPES  # noqa: F401 - the commands' name for it
-from entmtp.core._atomic import (
-    check_output_folder,  # noqa: F401 - the commands' name
+from entmtp.core import (  # noqa: F401 - the commands' names for HEAD_TYPES and the folder check
+    HEAD_TYPES,
+    check_output_folder,
     check_writable_target,
 )
 

@@ -9,9 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.calibrate import RunDir, load_acceptance, load_front, search_stage
-from entmtp.core._atomic import all_or_none
-from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle
-from entmtp.treesearch._readers import read_json
+from entmtp.core import all_or_none
+from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle, read_json
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION, check_outputs

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entmtp.runtime._validation import (
+from entmtp.runtime import (
     RATE_DEFINITION,
     EncodedPrompt,
     MethodRuns,
@@ -33,7 +33,7 @@ from entmtp.runtime._validation import (
     runtime_report,
     speculative_method,
 )
-from entmtp.treesearch._latency import runtime_padding
+from entmtp.treesearch import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
@@ -141,8 +141,7 @@ def validate(
     check_bundle_fits(bundle, base, draft_heads)
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
 
-    from entmtp.runtime._decode import SpeculativeDecoder
-    from entmtp.runtime._scheduler import BundleScheduler
+    from entmtp.runtime import BundleScheduler, SpeculativeDecoder
 
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
                                  graphs=graphs,

@@ -5,7 +5,18 @@ machine a latency model was measured on, and the line that names a missing optio
 Importing it imports neither torch nor transformers.
 """
 
-from ._atomic import atomic_write, atomic_write_json, atomic_write_text, check_writable_target
+from ._atomic import (
+    all_or_none,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    check_output_folder,
+    check_writable_target,
+    make_folder,
+    may_replace_read_only,
+    remove_folders,
+    replacing_read_only,
+)
 from ._errors import EntmtpError
 from ._extras import EXTRA_OF_MODULE, missing_extra
 from ._hardware import (
@@ -31,9 +42,11 @@ __all__ = [
     "SYNTHETIC_LABEL",
     "CpuInfo",
     "EntmtpError",
+    "all_or_none",
     "atomic_write",
     "atomic_write_json",
     "atomic_write_text",
+    "check_output_folder",
     "check_writable_target",
     "cpu_info",
     "cpu_name",
@@ -42,6 +55,10 @@ __all__ = [
     "dtype_name",
     "hardware_label",
     "hardware_slug",
+    "make_folder",
+    "may_replace_read_only",
     "missing_extra",
     "parse_cpuinfo",
+    "remove_folders",
+    "replacing_read_only",
 ]

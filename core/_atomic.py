@@ -103,7 +103,7 @@ def check_output_folder(folder: str | os.PathLike, *, what: str = "output folder
     return folder
 
 
-def _make_folder(folder: Path) -> list[Path]:
+def make_folder(folder: Path) -> list[Path]:
     """Create ``folder`` and its missing parents; returns those created, deepest first."""
     missing = []
     probe = folder
@@ -118,14 +118,15 @@ def _make_folder(folder: Path) -> list[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        _remove_folders(missing)
+        remove_folders(missing)
         raise EntmtpError(
             f"cannot create output folder {folder}: {err.strerror}; choose a writable --out"
         ) from err
     return missing
 
 
-def _remove_folders(created: list[Path]) -> None:
+def remove_folders(created: list[Path]) -> None:
+    """Remove the folders ``make_folder`` created, deepest first, stopping at one not empty."""
     for folder in created:  # deepest first; only ones still empty
         try:
             folder.rmdir()
@@ -142,11 +143,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     """
     target = check_writable_target(path, replace_read_only=replace_read_only)
     folder = target.parent if str(target.parent) else Path(".")
-    created = _make_folder(folder)
+    created = make_folder(folder)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     except OSError as err:
-        _remove_folders(created)
+        remove_folders(created)
         raise EntmtpError(
             f"cannot write to {folder}: {err.strerror}; choose a writable output path"
         ) from err
@@ -167,7 +168,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
-        _remove_folders(created)
+        remove_folders(created)
         if isinstance(err, OSError):
             fix = _FIXES.get(err.errno or 0, "choose another output path")
             raise EntmtpError(f"cannot write {target}: {err.strerror or err}: {fix}") from err
@@ -215,7 +216,7 @@ def all_or_none() -> Iterator[None]:
                 os.unlink(tmp_name)
             except FileNotFoundError:
                 pass
-            _remove_folders(created)
+            remove_folders(created)
 
 
 def _current_umask() -> int:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from entmtp.core import HEAD_TYPES
-from entmtp.treesearch import Bundle, Profile
-from entmtp.treesearch._latency import runtime_padding
+from entmtp.treesearch import Bundle, Profile, runtime_padding
 
 from ._paired import paired_ratio_interval
 from ._prediction import PredictionCheck, check_prediction

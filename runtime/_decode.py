@@ -53,10 +53,9 @@ from functools import partial
 import torch
 from transformers.cache_utils import DynamicCache
 
-from entmtp.calibrate._greedy import greedy_steps
-from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.calibrate import entropy_from_logits, greedy_steps
 from entmtp.core import EntmtpError
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
 from ._kv_cache import check_cache, compact_cache, new_cache

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from entmtp.calibrate._cache_keyword import cache_keyword
+from entmtp.calibrate import cache_keyword
 from entmtp.core import EntmtpError
 
 # How many units of the dtype's resolution at the top logit a departure's gap may be.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from entmtp.calibrate._row_gemm import project_rows
+from entmtp.calibrate import project_rows
 from entmtp.core import HEAD_TYPES, EntmtpError
 
 from ._tree_attention import TreePlan

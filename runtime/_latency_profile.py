@@ -81,11 +81,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from entmtp.calibrate._row_gemm import uses_few_row_kernel
-from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.calibrate import entropy_from_logits, uses_few_row_kernel
 from entmtp.core import EntmtpError, describe_machine
-from entmtp.treesearch._latency import LatencyModel, LatencyPoint, with_padding
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import LatencyModel, LatencyPoint, Tree, with_padding
 
 from ._decode import DecodingState, SpeculativeDecoder
 from ._kv_cache import truncate_cache

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from entmtp.core import EntmtpError
-from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import BASE_ENTROPY, DRAFT_ENTROPY, Tree
 
 if TYPE_CHECKING:
-    from entmtp.treesearch._schedule import Schedule
+    from entmtp.treesearch import Schedule
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from entmtp.calibrate._stats import entropy_from_logits
+from entmtp.calibrate import entropy_from_logits
 from entmtp.core import EntmtpError
-from entmtp.treesearch._latency import padding_summary
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import Tree, padding_summary
 
 from ._drafter import Drafter, MedusaDrafter, Prepared
 from ._scheduler import Scheduler, StaticScheduler

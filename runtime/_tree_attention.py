@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from entmtp.treesearch._tree import Tree
+from entmtp.treesearch import Tree
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,7 @@ def profile_live_trajectories(base, heads, prompts: Sequence[EncodedPrompt],
                               reference: MethodRuns, *, topk: int) -> Profile:
     """The profile of ``reference``'s outputs (greedy decoding of ``prompts``) with ``heads``:
     what the replay of these prompts needs."""
-    from entmtp.calibrate._profiler import profile_trajectories
+    from entmtp.calibrate import profile_trajectories
 
     return profile_trajectories(base, heads, [(p, p.ids) for p in prompts],
                                 [r.tokens for r in reference.results], topk=topk)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from entmtp.calibrate._cache_keyword import cache_keyword
+from entmtp.calibrate import cache_keyword
 from entmtp.core import EntmtpError
 
 from ._tree_attention import TreePlan
@@ -161,7 +161,7 @@ def probe_tree_attention(model: torch.nn.Module, *, atol: float = 1e-3) -> float
 
     Returns the largest logit difference; raises ``EntmtpError`` above ``atol``.
     """
-    from entmtp.treesearch._tree import Tree
+    from entmtp.treesearch import Tree
 
     from ._kv_cache import new_cache
     from ._tree_attention import tree_plan
