@@ -52,8 +52,10 @@ from entmtp.core import (
     HEAD_TYPES,
     EntmtpError,
     check_writable_target,
+    link_refusal,
     make_folder,
     may_replace_read_only,
+    own_status,
     remove_folders,
 )
 from entmtp.treesearch import read_json
@@ -519,19 +521,11 @@ def check_heads_target(folder: str | os.PathLike) -> Path:
     config.json and heads.safetensors) that is not read-only (``--force`` replaces that); a link,
     a file, a device or a folder holding anything else is refused. Checked before training."""
     target = Path(folder)
-    try:
-        info = target.lstat()
-    except FileNotFoundError:
+    info = own_status(target, prefix=f"cannot write heads to {target}", fix="choose another --out")
+    if info is None:
         return target
-    except NotADirectoryError as err:
-        raise EntmtpError(f"cannot write heads to {target}: a parent of it is a file, not a "
-                          "folder: choose another --out") from err
-    except OSError as err:
-        raise EntmtpError(f"cannot write heads to {target}: {err.strerror}: choose another "
-                          "--out") from err
     if stat.S_ISLNK(info.st_mode):
-        raise EntmtpError(f"cannot write heads to {target}: it is a symbolic link, and entmtp "
-                          "does not write through links: give the real path or remove the link")
+        raise EntmtpError(link_refusal(f"cannot write heads to {target}"))
     if not stat.S_ISDIR(info.st_mode):
         raise EntmtpError(f"cannot write heads to {target}: it exists and is not a folder: "
                           "choose a new folder for --out")

@@ -51,6 +51,29 @@ def may_replace_read_only() -> bool:
     return _REPLACE_READ_ONLY.get()
 
 
+def own_status(target: Path, *, prefix: str, fix: str, os_error_prefix: str | None = None,
+               os_error_fix: str | None = "") -> os.stat_result | None:
+    """``target``'s own status (links not followed), None when it is absent; a parent that is a
+    file, or any other OS error, becomes one line ``{prefix}: ...: {fix}``
+    (``os_error_prefix`` / ``os_error_fix`` override them for the latter; a None fix: none)."""
+    try:
+        return target.lstat()
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError as err:
+        raise EntmtpError(f"{prefix}: a parent of it is a file, not a folder: {fix}") from err
+    except OSError as err:
+        tail = fix if os_error_fix == "" else os_error_fix
+        raise EntmtpError(f"{os_error_prefix or prefix}: {err.strerror}"
+                          + (f": {tail}" if tail else "")) from err
+
+
+def link_refusal(prefix: str) -> str:
+    """The one line refusing to write through a symbolic link."""
+    return (f"{prefix}: it is a symbolic link, and entmtp does not write through links: give "
+            "the real path or remove the link")
+
+
 def check_writable_target(path: str | os.PathLike, *,
                           replace_read_only: bool | None = None) -> Path:
     """Refuse a target that a rename must not replace; returns it as a Path.
@@ -60,18 +83,12 @@ def check_writable_target(path: str | os.PathLike, *,
     if replace_read_only is None:
         replace_read_only = may_replace_read_only()
     target = Path(path)
-    try:
-        info = target.lstat()
-    except FileNotFoundError:
+    info = own_status(target, prefix=f"cannot write {target}", fix="choose another output path",
+                      os_error_fix=None)
+    if info is None:
         return target
-    except NotADirectoryError as err:
-        raise EntmtpError(f"cannot write {target}: a parent of it is a file, not a folder: "
-                          "choose another output path") from err
-    except OSError as err:
-        raise EntmtpError(f"cannot write {target}: {err.strerror}") from err
     if stat.S_ISLNK(info.st_mode):
-        raise EntmtpError(f"cannot write {target}: it is a symbolic link, and entmtp does not "
-                          "write through links: give the real path or remove the link")
+        raise EntmtpError(link_refusal(f"cannot write {target}"))
     if stat.S_ISDIR(info.st_mode):
         raise EntmtpError(f"cannot write {target}: it is a folder: give a file path to write")
     if not stat.S_ISREG(info.st_mode):
@@ -87,16 +104,10 @@ def check_output_folder(folder: str | os.PathLike, *, what: str = "output folder
     """Refuse, before a command's first side effect, an output folder that is a link, a file, a
     device or under a file (absent or a real folder passes); returns it as a Path."""
     folder = Path(folder)
-    try:
-        info = folder.lstat()
-    except FileNotFoundError:
+    info = own_status(folder, prefix=f"cannot make {what} {folder}", fix="choose another --out",
+                      os_error_prefix=f"cannot use {what} {folder}")
+    if info is None:
         return folder
-    except NotADirectoryError as err:
-        raise EntmtpError(f"cannot make {what} {folder}: a parent of it is a file, not a folder: "
-                          "choose another --out") from err
-    except OSError as err:
-        raise EntmtpError(f"cannot use {what} {folder}: {err.strerror}: choose another "
-                          "--out") from err
     if not stat.S_ISDIR(info.st_mode):
         raise EntmtpError(f"{what} {folder} is a file or a link, not a folder: choose another "
                           "--out")
