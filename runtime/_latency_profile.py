@@ -229,24 +229,31 @@ def profile_latency(
     timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock,
                        engine=engine, graphs=graphs)
     samples = timer.rounds(timer.keys, warmup=warmup, repeats=repeats)
-    passes = 0
-    latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
-                   topk=topk, heads=heads, passes=passes)
-    while passes < remeasure:
-        findings = latency.findings()
-        again = [key for key in timer.keys
-                 if any(f.involves(_point(timer, key, samples[key])) for f in findings)]
-        if not again:
-            break
-        passes += 1
-        samples.update(timer.rounds(again, warmup=min(warmup, 1), repeats=repeats))
-        latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
-                       topk=topk, heads=heads, passes=passes)
+
+    def fit(passes: int) -> LatencyModel:
+        return _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
+                    topk=topk, heads=heads, passes=passes)
+
+    def remeasure_failed(latency: LatencyModel, passes: int) -> tuple[LatencyModel, int]:
+        for _ in range(remeasure):
+            findings = latency.findings()
+            again = [key for key in timer.keys
+                     if any(f.involves(_point(timer, key, samples[key])) for f in findings)]
+            if not again:
+                break
+            passes += 1
+            samples.update(timer.rounds(again, warmup=min(warmup, 1), repeats=repeats))
+            latency = fit(passes)
+        return latency, passes
+
+    latency, passes = remeasure_failed(fit(0), 0)
     padded_keys = timer.add_padded(latency.padding)
     if padded_keys:
-        samples.update(timer.rounds(padded_keys, warmup=warmup, repeats=repeats))
-        latency = _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
-                       topk=topk, heads=heads, passes=passes)
+        # In the same rounds as the steps they are priced at: a padded step is checked against
+        # that price, and a drift of the machine between two phases would read as a dear step.
+        samples.update(timer.rounds(padded_keys + timer.priced_keys(padded_keys),
+                                    warmup=warmup, repeats=repeats))
+        latency, passes = remeasure_failed(fit(passes), passes)
     return latency
 
 
@@ -314,6 +321,16 @@ class _StepTimer:
         self.steps.add_padded(padded)
         keys = [("padded", i, length) for length in self.steps.contexts for i in padded]
         self.keys += [key for key in keys if key not in self.keys]
+        return keys
+
+    def priced_keys(self, padded_keys: Sequence[_Key]) -> list[_Key]:
+        """Keys of the unpadded trees ``padded_keys`` are verified at (every depth measured
+        at that node count), at the same contexts."""
+        keys = []
+        for _, index, length in padded_keys:
+            width = self.steps.padded_steps[index].width - 1
+            keys += [("tree", i, length) for i, tree in enumerate(self.trees)
+                     if tree.num_nodes == width and ("tree", i, length) not in keys]
         return keys
 
     def describe(self) -> dict[str, Any]:

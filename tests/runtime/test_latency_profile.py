@@ -558,6 +558,29 @@ def test_a_dip_in_the_static_curve_is_padded_and_the_padded_steps_are_timed(rt, 
     assert any("falls as the tree grows" in w for w in eager.warnings)
 
 
+def test_a_drift_before_the_padded_rounds_is_not_read_as_a_dear_padded_step(rt, monkeypatch):
+    """The machine slows by 3 ms once the padded steps are timed: the steps they are priced at
+    are timed again in the same rounds, so the padded steps cost what their price says."""
+    drifted = [False]
+
+    def durations(timer, key, call):
+        drifted[0] = drifted[0] or key[0] == "padded"
+        step, index, _ = key
+        if step == "tree" and timer.trees[index].num_nodes == 2:
+            return 30.0 + 0.05 * (call % 3)
+        if step == "padded":  # the 4-node step's work at its own depth
+            return 14.0 + 0.5 * timer.trees[index].depth + 0.05 * (call % 3) + 3.0
+        late = drifted[0] and step == "tree" and timer.trees[index].num_nodes == 4
+        return _steady(timer, key, call) + (3.0 if late else 0.0)
+
+    latency, script = _scripted_profile(rt, monkeypatch, durations)
+    assert latency.padding == {1: 4, 2: 4, 3: 4}
+    assert latency.warnings == [], latency.warnings
+    four = [key for key in script.calls
+            if key[0] == "tree" and script.trees[key[1]].num_nodes == 4]
+    assert four and all(script.calls[key] == 2 * (1 + 6) for key in four)
+
+
 def test_the_padded_steps_timed_are_the_runtimes_own(rt, monkeypatch):
     """With a table, the profiler times each padded tree with the engine's ``TreeStep`` at the
     padded width: the step a decoder given that table builds for the tree."""
