@@ -279,6 +279,7 @@ class _StepTimer:
         vocab = model.get_output_embeddings().weight.shape[0]
         prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
         self.steps = fixed_context_steps(self.decoder, trees, prompt, contexts, clock=self.clock)
+        self.order = torch.Generator().manual_seed(seed + 1)  # of the keys in each round
         self.keys: list[_Key] = []
         for length in contexts:
             self.keys += [("tree", i, length) for i in range(len(trees))]
@@ -292,10 +293,13 @@ class _StepTimer:
     def rounds(self, keys: Sequence[_Key], *, warmup: int, repeats: int
                ) -> dict[_Key, list[float]]:
         """``warmup`` untimed then ``repeats`` timed rounds; each round times one step of every
-        key in order (contexts interleaved), so a slow spell lands on all of them alike."""
+        key (contexts interleaved), so a slow spell lands on all of them alike, in an order
+        drawn afresh for each round, so that what runs before a step (a large tree's step
+        leaves the caches cold) is noise spread over every key, not a bias of some."""
         times: dict[_Key, list[float]] = {key: [] for key in keys}
         for round_index in range(warmup + repeats):
-            for key in keys:
+            for position in torch.randperm(len(keys), generator=self.order).tolist():
+                key = keys[position]
                 elapsed = self.time(key)
                 if round_index >= warmup:
                     times[key].append(elapsed)

@@ -597,18 +597,34 @@ def _findings(model: LatencyModel) -> Iterable[LatencyFinding]:
             nodes=tuple(sorted({n for a, b, *_ in falls for n in (a, b)})))
     dear = []
     for (n, depth, m), group in _padded_groups(model).items():
-        measured = math.fsum(p.ms for p in group) / len(group)
-        priced = float(model.step_ms(n, depth))
-        error = math.hypot(math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in group))
-                           / len(group), model.figure_error_ms("tree", nodes=m))
+        measured, measured_error = _mean_and_error(group)
+        # Against the unpadded step of that width and depth where one was measured at the same
+        # contexts (the padded step should cost what it costs), else against the model's price.
+        contexts = {p.context for p in group}
+        same = [p for p in model.points if p.step == "tree" and not p.padded_to
+                and p.nodes == m and p.depth == depth and p.context in contexts]
+        if len(same) == len(group):
+            priced, priced_error = _mean_and_error(same)
+            against = f"the {m}-node step"
+        else:
+            priced = float(model.step_ms(n, depth))
+            priced_error = model.figure_error_ms("tree", nodes=m)
+            against = "priced"
+        error = math.hypot(measured_error, priced_error)
         if _beyond(priced, measured, error):
-            dear.append((n, depth, m, measured, priced, NOISE_SIGMAS * error))
+            dear.append((n, depth, m, measured, priced, against, NOISE_SIGMAS * error))
     if dear:
-        shown = "; ".join(f"{n} nodes (depth {d}) at {m}: {ms:.2f} ms, priced {pr:.2f} "
-                          f"(noise {tol:.2f})" for n, d, m, ms, pr, tol in dear[:3])
+        shown = "; ".join(f"{n} nodes (depth {d}) at {m}: {ms:.2f} ms, {against} {pr:.2f} "
+                          f"(noise {tol:.2f})" for n, d, m, ms, pr, against, tol in dear[:3])
         yield LatencyFinding(
             f"a padded step costs more than the step it is priced at, beyond noise: {shown}",
             nodes=tuple(sorted({k for n, _, m, *_ in dear for k in (n, m)})))
+
+
+def _mean_and_error(points: list[LatencyPoint]) -> tuple[float, float]:
+    """Mean ms of ``points`` and its standard error."""
+    mean = math.fsum(p.ms for p in points) / len(points)
+    return mean, math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in points)) / len(points)
 
 
 def _padded_groups(model: LatencyModel) -> dict[tuple[int, int, int], list[LatencyPoint]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -115,10 +116,12 @@ def test_profile_latency_interleaves_trees_round_by_round(rt, monkeypatch):
                     repeats=3, warmup=1, topk=3, remeasure=0, engine="eager")
     trees = len(set(stepped))
     assert trees == 3
-    one_round = stepped[:trees]
-    rounds = len(stepped) // trees
-    assert rounds == 2 * (1 + 3)  # (warmup + repeats) rounds, each at both context lengths
-    assert stepped == one_round * rounds  # every round times each tree once, in the same order
+    # (warmup + repeats) rounds; each times every tree once at both context lengths, in an
+    # order of its own
+    rounds = [stepped[i:i + 2 * trees] for i in range(0, len(stepped), 2 * trees)]
+    assert len(rounds) == 1 + 3 and len(stepped) == (1 + 3) * 2 * trees
+    assert all(sorted(r) == sorted(rounds[0]) and len(set(r)) == trees for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -159,14 +162,15 @@ def test_eager_fused_empty_step_is_timed_each_round_for_fusable_heads(rt, monkey
     assert "fused_empty_ms_by_depth" in latency.to_json()  # the list alone holds the deepest
     # one per draft depth per round ((warmup + repeats) at each context), always from the
     # restored state
-    # (contexts interleaved: each round runs context 8, then 16)
+    # (contexts interleaved: each round runs both contexts)
     assert len(fused) == 2 * 2 * (1 + 3)
     assert len(set(fused)) == 4 and {f[0] for f in fused} == {8, 16}
-    assert [f[0] for f in fused] == [8, 8, 16, 16] * (1 + 3)
+    assert all(sorted(f[0] for f in fused[i:i + 4]) == [8, 8, 16, 16] for i in range(0, 16, 4))
     assert {(f[2], f[3]) for f in fused} == {(1, 0), (2, 0)}
     # every timed tree step after it saw the restored cache
     assert all(past == cached for past, cached in stepped)
-    assert [s[0] for s in stepped] == [8, 8, 16, 16] * (1 + 3)
+    assert all(sorted(s[0] for s in stepped[i:i + 4]) == [8, 8, 16, 16]
+               for i in range(0, 16, 4)) and len(stepped) == 16
 
 
 def _tree_list(script):
@@ -349,6 +353,10 @@ def _record_static_runs(monkeypatch):
     return runs
 
 
+def _run_id(run) -> tuple[int, int]:
+    return id(run[1]), run[2]
+
+
 @pytest.mark.parametrize(("head_type", "shared"), [("medusa", True), ("medusa", False),
                                                    ("hydra", False)])
 def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, head_type,
@@ -371,9 +379,13 @@ def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, 
     assert all(run[0] is engine for run in runs)
     assert len(runs) % (1 + 3) == 0
     per_round = len(runs) // (1 + 3)
-    assert runs == runs[:per_round] * (1 + 3)  # every round the same steps in the same order
-    one_round = runs[:per_round]
-    assert [past for _, _, past in one_round] == [8] * (per_round // 2) + [16] * (per_round // 2)
+    rounds = [runs[i:i + per_round] for i in range(0, len(runs), per_round)]
+    # every round the same steps, each once, in an order of its own
+    assert all(sorted(map(_run_id, r)) == sorted(map(_run_id, rounds[0])) for r in rounds)
+    assert len(set(map(_run_id, rounds[0]))) == per_round
+    one_round = rounds[0]
+    assert sorted(past for _, _, past in one_round) == [8] * (per_round // 2) + [16] * (
+        per_round // 2)
     steps = [step for _, step, past in one_round if past == 8]
     trees = {(s.plan.num_nodes, s.plan.depth) for s in steps if isinstance(s, TreeStep)
              and not s.prepare_depth and s.base_entropy}
@@ -385,11 +397,11 @@ def test_the_static_profile_times_the_engines_own_step_objects(rt, monkeypatch, 
     prepares = [s for s in steps if isinstance(s, PrepareStep)]
     depths = [1, 2] if head_type == "medusa" else [2]
     if shared:
-        assert [s.prepare_depth for s in fused] == depths and prepares == []
+        assert sorted(s.prepare_depth for s in fused) == depths and prepares == []
         assert latency.prepare_ms_by_depth == (0.0, 0.0) and latency.prepare_ms == 0
         assert latency.fused_empty_ms == latency.fused_empty_ms_by_depth[-1] > 0
     else:
-        assert fused == [] and [s.max_depth for s in prepares] == depths
+        assert fused == [] and sorted(s.max_depth for s in prepares) == depths
         assert latency.fused_empty_ms is None and latency.prepare_ms > 0
     assert len(steps) == len(trees) + 1 + len(depths)
     for step in steps:  # the steps decoding would run: the engine's cached objects
@@ -579,6 +591,38 @@ def test_a_drift_before_the_padded_rounds_is_not_read_as_a_dear_padded_step(rt, 
     four = [key for key in script.calls
             if key[0] == "tree" and script.trees[key[1]].num_nodes == 4]
     assert four and all(script.calls[key] == 2 * (1 + 6) for key in four)
+
+
+def test_a_padded_step_is_held_against_the_measured_step_of_its_width(rt, monkeypatch):
+    """A padded step is compared with the unpadded step of its width and depth measured at the
+    same contexts, not with the model's fitted price: when both cost 1.5 ms more than the fit
+    says (a depth term that is not linear), padding delivered that width's time; when only the
+    padded step does, it did not."""
+    def durations(timer, key, call):
+        step, index, _ = key
+        if step == "tree" and timer.trees[index].num_nodes == 2:
+            return 30.0 + 0.05 * (call % 3)
+        if step == "padded":  # the 4-node step's work
+            return 14.0 + 0.5 * timer.trees[index].depth + 0.05 * (call % 3)
+        return _steady(timer, key, call)
+
+    latency, _ = _scripted_profile(rt, monkeypatch, durations)
+    padded = {(p.nodes, p.depth) for p in latency.points if p.padded_to == 4}
+    widths = {p.depth for p in latency.points if p.step == "tree" and p.nodes == 4
+              and not p.padded_to}
+    depth = next(d for n, d in sorted(padded) if d in widths)
+
+    def dearer(model, *, unpadded: bool):
+        points = tuple(
+            replace(p, ms=p.ms + 1.5) if p.step == "tree" and p.depth == depth and (
+                p.padded_to == 4 or (unpadded and p.nodes == 4 and not p.padded_to)) else p
+            for p in model.points)
+        return replace(model, points=points)
+
+    both = [f.message for f in dearer(latency, unpadded=True).findings()]
+    assert not any("padded step" in m for m in both), both
+    alone = [f.message for f in dearer(latency, unpadded=False).findings()]
+    assert any("padded step" in m and "the 4-node step" in m for m in alone), alone
 
 
 def test_the_padded_steps_timed_are_the_runtimes_own(rt, monkeypatch):
