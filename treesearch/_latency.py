@@ -55,8 +55,10 @@ the difference; a strict saving when no spread was measured), the smallest such 
 Past the last measured count the curve extrapolates upward, so nothing pads there. ``step_ms``
 prices a tree at its padded count plus its own depth term (the effective curve), and the
 monotonicity check runs on that effective curve; ``verify_ms`` stays the raw measured curve.
-The profiler also times the padded steps themselves (points with ``padded_to``, never fitted):
-a check flags a padded step that costs more than its price beyond noise.
+The profiler also times the padded steps themselves (points with ``padded_to``, never fitted),
+in the same rounds as the steps of their width: a check flags a padded step that costs more,
+beyond noise, than the unpadded step of its width and depth measured at the same contexts (than
+its price where none was), i.e. padding that does not deliver the wider step's time.
 
 ``noise_gain_bound`` is the gain over the best static tree that the noise alone could produce:
 ``1 + NOISE_SIGMAS * sqrt(2) * eps`` with ``eps`` the median relative standard error of the
