@@ -52,6 +52,7 @@ _EXPORTS = {
     "read_head_data_index": "._headdata",
     "read_jsonl_items": "._headdata",
     "record_trajectories": "._headdata",
+    "cached_trajectories": "._headdata",
     "write_head_data": "._headdata",
     # the model and heads a command names, checked before the slow load
     "ENGINES": "._loading",

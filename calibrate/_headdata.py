@@ -44,7 +44,15 @@ from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
 from ._greedy import greedy_generate
 from ._heads import _unwrap_base
-from ._train import Progress, Trajectory, _eos_ids, text_trajectories
+from ._train import (
+    Progress,
+    Trajectory,
+    _eos_ids,
+    load_trajectories,
+    save_trajectories,
+    text_trajectories,
+    trajectories_key,
+)
 
 DATA_FORMAT = "entmtp-head-data"
 DATA_FORMAT_VERSION = 1
@@ -350,6 +358,43 @@ def record_trajectories(
         if report is not None:
             report("forward", min(first + batch_size, len(order)), len(order))
     return [trajectory for trajectory in result if trajectory is not None]
+
+
+def cached_trajectories(
+    base: Any,
+    head_data: HeadData,
+    cache: str | os.PathLike | None,
+    *,
+    batch_size: int = 16,
+    progress: Progress | None = None,
+) -> list[Trajectory]:
+    """``record_trajectories`` of ``head_data``, kept in the file ``cache`` (None: not kept).
+
+    The teacher-forced forward costs more than training on a CPU; the file lets later runs
+    (the other head type, other settings) skip it. It is used only when it was made from the
+    same shards of the same data (whose plan digest names the model it was made for, which
+    ``read_head_data`` checked), in the same dtype on the same kind of device; otherwise it is
+    refused, never silently recomputed over.
+    """
+    module = _unwrap_base(base)
+    weight = module.get_input_embeddings().weight
+    index = head_data.index
+    key = {"format": "entmtp-hidden-states", "plan_sha256": index["plan_sha256"],
+           "shards": [entry["file"] for entry in index["shards"]],
+           "dtype": str(weight.dtype).removeprefix("torch."), "device": weight.device.type}
+    path = None if cache is None else Path(cache)
+    if path is not None and path.exists():
+        stored = trajectories_key(path)
+        if stored != key:  # the plan digest covers the model the data was made for
+            raise EntmtpError(
+                f"--hidden-cache {path} holds hidden states of other head data, shards, dtype "
+                "or device: delete it or name another file")
+        return load_trajectories(path)
+    trajectories = record_trajectories(base, head_data.records, batch_size=batch_size,
+                                       progress=progress)
+    if path is not None:
+        save_trajectories(path, trajectories, key=key)
+    return trajectories
 
 
 # ---------------------------------------------------------------------------------------------

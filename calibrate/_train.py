@@ -239,8 +239,10 @@ def text_trajectories(
     return result
 
 
-def save_trajectories(path: str | os.PathLike, trajectories: Sequence[Trajectory]) -> Path:
-    """One safetensors file (concatenated hidden states and tokens, lengths, sources)."""
+def save_trajectories(path: str | os.PathLike, trajectories: Sequence[Trajectory], *,
+                      key: dict[str, Any] | None = None) -> Path:
+    """One safetensors file (concatenated hidden states and tokens, lengths, sources, and
+    ``key``: what the states were computed from, read back by ``trajectories_key``)."""
     from safetensors.torch import save
 
     if not trajectories:
@@ -251,8 +253,22 @@ def save_trajectories(path: str | os.PathLike, trajectories: Sequence[Trajectory
         "lengths": torch.as_tensor([len(t) for t in trajectories], dtype=torch.int64),
     }
     metadata = {"sources": json.dumps([t.source for t in trajectories])}
+    if key is not None:
+        metadata["key"] = json.dumps(key, sort_keys=True)
     payload = save(tensors, metadata=metadata)
     return atomic_write(path, lambda handle: handle.write(payload))
+
+
+def trajectories_key(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``key`` a trajectories file was saved with (None: saved without one)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            text = (handle.metadata() or {}).get("key")
+        return None if text is None else json.loads(text)
+    except Exception as err:
+        raise EntmtpError(f"cannot read trajectories {path}: {err}") from err
 
 
 def load_trajectories(path: str | os.PathLike) -> list[Trajectory]:

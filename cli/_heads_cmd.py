@@ -119,6 +119,10 @@ def train(
                              "several times cheaper on a CPU) or seen (tokens of the data)."),
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per teacher-forced "
                                       "forward when reading --from-data."),
+    hidden_cache: Path | None = typer.Option(None, "--hidden-cache", help="With --from-data: "
+                                             "keep the base model's hidden states in this file "
+                                             "(written on the first run, read by later ones: "
+                                             "the forward costs more than training on a CPU)."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
     force: bool = FORCE_OPTION,
@@ -150,6 +154,10 @@ def train(
         raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    if hidden_cache is not None and from_data is None:
+        raise EntmtpError("--hidden-cache keeps the hidden states of --from-data: give both")
+    if hidden_cache is not None and hidden_cache.is_dir():
+        raise EntmtpError(f"--hidden-cache {hidden_cache} is a folder: name a file")
     from entmtp.calibrate import check_heads_target
 
     check_heads_target(out)  # before hours of training, not after
@@ -170,10 +178,10 @@ def train(
     source: dict[str, Any]
     with StageProgress(console) as progress:
         if from_data is not None:
-            from entmtp.calibrate import read_head_data, record_trajectories
+            from entmtp.calibrate import cached_trajectories, read_head_data
 
             head_data = read_head_data(from_data, base, allow_unfinished=allow_unfinished)
-            trajectories = record_trajectories(base, head_data.records,
+            trajectories = cached_trajectories(base, head_data, hidden_cache,
                                                batch_size=forward_batch, progress=progress)
             report = train_on_trajectories(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,

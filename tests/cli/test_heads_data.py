@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
@@ -74,6 +75,61 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
         training = json.loads((out / "config.json").read_text())["training"]
         assert heads.head_type == head_type and training["softmax_vocab"] == "full"
         assert training["head_data"]["records"] == 5 and training["heldout_trajectories"] == 1
+
+
+def test_hidden_cache_is_written_once_and_serves_later_runs(tiny_model_dir, tmp_path,
+                                                            monkeypatch):
+    """The first run writes the teacher-forced hidden states; a later run (same or other head
+    type) reads them instead of running the base model, and trains exactly the same heads; a
+    cache of other data is refused in one line."""
+    from safetensors.torch import load_file
+
+    from entmtp.calibrate import _headdata
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 6, "--generation-batch", 2, "--shard-size", 2,
+                   "--out", folder])
+    assert made.exit_code == 0, made.output
+    cache = tmp_path / "hidden.safetensors"
+
+    def train(out, head_type="medusa", extra=()):
+        return invoke(["heads", "train", "--type", head_type, "--model", tiny_model_dir,
+                       "--from-data", folder, "--num-heads", 2, "--epochs", 1, "--batch-size", 8,
+                       "--heldout-fraction", 0.2, *extra, "--out", out])
+
+    fresh = train(tmp_path / "fresh")
+    assert fresh.exit_code == 0, fresh.output
+    first = train(tmp_path / "first", extra=("--hidden-cache", cache))
+    assert first.exit_code == 0 and cache.is_file(), first.output
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the base model ran although the cache holds its states")
+
+    monkeypatch.setattr(_headdata, "record_trajectories", no_forward)
+    second = train(tmp_path / "second", extra=("--hidden-cache", cache))
+    assert second.exit_code == 0, second.output
+    weights = [load_file(tmp_path / name / "heads.safetensors")
+               for name in ("fresh", "first", "second")]
+    assert weights[0].keys() == weights[1].keys() == weights[2].keys()
+    assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
+    hydra = train(tmp_path / "hydra", head_type="hydra", extra=("--hidden-cache", cache))
+    assert hydra.exit_code == 0, hydra.output
+
+    other = tmp_path / "other"
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 4, "--out", other])
+    assert made.exit_code == 0, made.output
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                           "--from-data", other, "--hidden-cache", cache,
+                           "--out", tmp_path / "h"]), "holds hidden states of other head data")
+    assert not (tmp_path / "h").exists()
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                           "--hidden-cache", cache, "--out", tmp_path / "h"]), "give both")
+    one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                           "--from-data", folder, "--hidden-cache", tmp_path,
+                           "--out", tmp_path / "h"]), "is a folder")
 
 
 def test_other_models_data_and_bad_input_are_one_line_errors(tiny_model_dir, tmp_path):
