@@ -50,11 +50,16 @@ python_for_entmtp() {
     if [[ -z $PY ]] || ! "$PY" -c "import entmtp.cli" 2>/dev/null; then
         local site=${TMPDIR:-/tmp}/entmtp-site
         mkdir -p "$site/entmtp"
-        for package in treesearch calibrate runtime cli trees; do
-            ln -sfn "$PWD/$package" "$site/entmtp/$package"
-        done
-        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
         PY=${PY:-python3}
+        # pyproject's package-dir is the one list of the packages (entmtp.core, ...)
+        local mapping
+        mapping=$("$PY" -c 'import tomllib
+for name, folder in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].items():
+    print(name.removeprefix("entmtp."), folder)')
+        while read -r package folder; do
+            ln -sfn "$PWD/$folder" "$site/entmtp/$package"
+        done <<< "$mapping"
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     ENTMTP=("$PY" -c 'import sys; from entmtp.cli.app import main
 sys.argv[0] = "entmtp"; main()')
