@@ -281,21 +281,29 @@ def _prediction_table(predictions: Sequence[PredictionCheck]) -> Table:
 def _step_time_table(predictions: Sequence[PredictionCheck]) -> Table | None:
     """Measured vs modelled step ms per tree of each bundle's schedule and best static tree."""
     table = Table(title="step time by tree (steps where live and replay ran the same tree at "
-                        "the same position; ms: measured / modelled)",
+                        "the same position; ms: measured / modelled; drift: that ratio over "
+                        "autoregressive decoding's in the same run, 1 when the step moved with "
+                        "the machine)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False, padding=0)
     for name in ("row", "tree", "nodes", "depth", "steps", "measured", "IQR", "modelled",
-                 "ratio"):
+                 "ratio", "drift"):
         table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
     entries = []
     for p in predictions:
-        entries += [(p.row, t) for t in p.step_time_by_tree or ()]
+        # measured over modelled autoregressive *speed*: the inverse of its step-time ratio
+        speed = p.autoregressive_measured_over_modelled
+        entries += [(p.row, t, speed) for t in p.step_time_by_tree or ()]
         if p.best_static is not None:
-            entries += [(p.best_static.row, t) for t in p.best_static.step_time_by_tree or ()]
-    for row, t in entries:
+            entries += [(p.best_static.row, t, speed)
+                        for t in p.best_static.step_time_by_tree or ()]
+    for row, t, speed in entries:
+        drift = (None if t.measured_over_modelled is None or speed is None
+                 else t.measured_over_modelled * speed)
         table.add_row(escape(row), str(t.tree), str(t.num_nodes), str(t.depth), str(t.steps),
                       _num(t.measured_ms, ".1f"), _num(t.measured_iqr_ms, ".1f"),
-                      _num(t.modelled_ms, ".1f"), _num(t.measured_over_modelled, ".3f"))
+                      _num(t.modelled_ms, ".1f"), _num(t.measured_over_modelled, ".3f"),
+                      _num(drift, ".3f"))
     return table if entries else None
 
 

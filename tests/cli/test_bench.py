@@ -430,3 +430,30 @@ def test_drift_warning_names_the_way_and_the_fix():
     assert "0.80x" in slow and "slower" in slow and "entmtp latency" in slow
     assert "entmtp retarget" in slow
     assert "faster" in drift_warning(1.3)
+
+
+def test_step_time_table_shows_each_trees_drift_against_autoregressive_decoding():
+    """drift = the tree's measured/modelled step time times autoregressive decoding's measured
+    over modelled speed in the same run: 1 when the step moved with the machine."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from entmtp.cli._bench import _step_time_table
+
+    def tree(index, measured, modelled):
+        return SimpleNamespace(tree=index, num_nodes=3, depth=1, steps=10, measured_ms=measured,
+                               measured_iqr_ms=0.5, modelled_ms=modelled,
+                               measured_over_modelled=measured / modelled)
+
+    static = SimpleNamespace(row="best-static[medusa]", step_time_by_tree=[tree(0, 29.5, 29.3)])
+    check = SimpleNamespace(row="entmtp[medusa]", step_time_by_tree=[tree(2, 30.7, 29.1)],
+                            best_static=static, autoregressive_measured_over_modelled=0.936)
+    console = Console(width=200, record=True)
+    console.print(_step_time_table([check]))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("row"))
+    assert header.split()[-1] == "drift"
+    by_row = {line.split()[0]: line.split() for line in lines if "[medusa]" in line}
+    assert by_row["entmtp[medusa]"][-1] == f"{30.7 / 29.1 * 0.936:.3f}"
+    assert by_row["best-static[medusa]"][-1] == f"{29.5 / 29.3 * 0.936:.3f}"
