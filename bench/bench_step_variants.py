@@ -32,9 +32,9 @@ from entmtp.treesearch import Tree, load_bundle
 CONFIG = Path(__file__).resolve().parent.parent / "trees" / "latency" / "SmolLM2-135M-Instruct.Q4_1"
 
 
-def variant_steps(engine, bundle, fuses_empty: bool) -> dict[str, object]:
-    """Name -> the engine's step object of each variant timed."""
-    depth = max(t.depth for t in bundle.trees)
+def variant_steps(engine, bundle, depth: int, fuses_empty: bool) -> dict[str, object]:
+    """Name -> the engine's step object of each variant timed; ``depth``: the schedule's
+    deepest tree, the heads its draft-entropy steps prepare."""
     static = bundle.best_static.tree
     steps = {}
     for label, tree in [("best static", static)] + [
@@ -66,8 +66,8 @@ def main() -> None:
                       seed=0, shared_lm_head=True)
     decoder = SpeculativeDecoder(model, heads, topk=10)
     engine = decoder.static_engine
-    steps = variant_steps(engine, bundle, decoder.fuses_empty)
     depth = max(t.depth for t in bundle.trees)
+    steps = variant_steps(engine, bundle, depth, decoder.fuses_empty)
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
     order = torch.Generator().manual_seed(0)

@@ -101,15 +101,20 @@ def check_report(run: RunDir) -> None:
         raise EntmtpError(f"{run.report} is empty")
 
 
-def load_front(run: RunDir) -> dict:
-    """``front.json``, checked for every field ``pareto`` and ``retarget`` read."""
+def _read_front(run: RunDir) -> tuple[dict, str, str]:
+    """``front.json`` as read (not checked), with the source and fix its messages name."""
     if not run.front.exists() and not run.front.is_symlink():
         raise EntmtpError(
             f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
         )
     source = f"front file {run.front}"
     fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
-    front = read_json(run.front, source=source, fix=fix)
+    return read_json(run.front, source=source, fix=fix), source, fix
+
+
+def load_front(run: RunDir) -> dict:
+    """``front.json``, checked for every field ``pareto`` and ``retarget`` read."""
+    front, source, fix = _read_front(run)
     check_front(front, source=source, fix=fix)
     return front
 
@@ -121,13 +126,7 @@ def load_front_header(run: RunDir) -> dict:
     """``front.json``'s format, task and search settings: all a re-search reads. A shipped
     profile folder (trees/profiles/) holds only these, not the front found on the old hardware;
     a front that holds more is checked whole, as ``load_front`` does."""
-    if not run.front.exists() and not run.front.is_symlink():
-        raise EntmtpError(
-            f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
-        )
-    source = f"front file {run.front}"
-    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
-    front = read_json(run.front, source=source, fix=fix)
+    front, source, fix = _read_front(run)
     if set(front) - HEADER_KEYS:  # a search's whole front: every part must be sound
         check_front(front, source=source, fix=fix)
     elif front.get("format", "entmtp-front") != "entmtp-front":

@@ -269,9 +269,7 @@ class LatencyModel:
         else:
             chosen = [p for p in self.points
                       if p.step == step and (depth == -1 or p.depth == depth)]
-        if not chosen:
-            return 0.0
-        return math.sqrt(math.fsum(p.standard_error_ms ** 2 for p in chosen)) / len(chosen)
+        return _mean_and_error(chosen)[1] if chosen else 0.0
 
     def relative_noise(self) -> float | None:
         """Median relative standard error of the ``verify_ms`` knots (None: no spread)."""
