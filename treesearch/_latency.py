@@ -25,6 +25,11 @@ hold those measurements; ``prepare_cost(d)`` / ``fused_empty_cost(d)`` read them
 the scalar ``prepare_ms`` / ``fused_empty_ms`` serves every depth; with them the scalar is their
 last entry (the deepest schedule's), set from them, and a file holds the list alone.
 
+A draft-entropy schedule prepares for its deepest tree ``D`` on every step, so its drafted step
+of a depth-``d`` tree projects ``D - d`` Medusa rows more than the step the curve prices (which
+drafts ``d``): ``head_row_ms``, the per-row slope of those lists, prices them (the replay adds
+``(D - d) * head_row_ms``).
+
 **Noise.** A measured model keeps every point it was fitted from (``points``: a step of one
 kind at one context length, over interleaved rounds) with its spread: ``iqr_ms``, the
 interquartile range of the point's rounds. A point's figure is the trimmed mean of ``rounds``
@@ -247,6 +252,22 @@ class LatencyModel:
         if self.fused_empty_ms is None:
             return None
         return _by_depth(self.fused_empty_ms_by_depth, draft_depth, self.fused_empty_ms)
+
+    @property
+    def head_row_ms(self) -> float:
+        """ms per head row a preparation projects: the least-squares slope over draft depth of
+        ``prepare_ms_by_depth`` (of ``fused_empty_ms_by_depth`` where no preparation was timed,
+        all zeros), at least 0; 0 without figures at two depths or more (Hydra prepares head 1
+        whatever the depth). A slope, not a difference of neighbours, so that one noisy depth
+        does not set it."""
+        rows = (self.prepare_ms_by_depth if any(self.prepare_ms_by_depth)
+                else self.fused_empty_ms_by_depth)
+        if len(rows) < 2:
+            return 0.0
+        depths = np.arange(1, len(rows) + 1, dtype=np.float64)
+        centred = depths - depths.mean()
+        slope = float(centred @ (np.asarray(rows) - np.mean(rows)) / (centred @ centred))
+        return max(slope, 0.0)
 
     # -- noise -----------------------------------------------------------------------------
     @property

@@ -14,7 +14,9 @@ before the choice to empty-tree steps (``prepare_ms``), and with fused heads
 (``LatencyModel.fused_empty_ms``) an empty-tree step right after another one costs only
 ``fused_empty_ms``, since the previous step's projection prepared it (``Replayer.step_ms``).
 Both are charged for the schedule's *draft depth*, the depth of its deepest tree (the heads a
-live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``). ``Replayer.cost_table``
+live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``), and a drafted step of
+a shallower tree pays the head rows it prepares beyond its own (``LatencyModel.head_row_ms``
+each). ``Replayer.cost_table``
 is the one definition of those charges; the oracle reads it too, for every signal and draft
 depth a schedule over the same trees can have, so it bounds every schedule and static tree.
 
@@ -157,6 +159,7 @@ class Replayer:
         self.accept = np.stack(rows)  # [trees, positions] int64
         self.tree_ms = tuple(latency.tree_ms(t) for t in self.trees)
         self._empty = np.array([t.num_nodes == 0 for t in self.trees])  # [trees] bool
+        self._depths = np.array([t.depth for t in self.trees], dtype=np.int64)  # [trees]
         self._trace_start = np.zeros(self.num_positions, dtype=bool)  # [positions] bool
         self._trace_start[self.starts[self.starts < self.num_positions]] = True
         self._positions = positions
@@ -241,15 +244,18 @@ class Replayer:
         (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost``; right after
         another empty-tree step its projection already gave this step's heads' logits, so an
         empty-tree step costs ``fused_empty_cost`` alone and a drafted step saves the heads'
-        projection its ``tree_ms`` includes (about ``prepare_cost``). ``draft_depth`` is the
-        schedule's (None: the deepest of all ``self.trees``); only a draft-entropy schedule
-        reads it.
+        projection its ``tree_ms`` includes (about ``prepare_cost``). Every drafted step
+        prepares the schedule's ``D`` levels where the step ``tree_ms`` prices drafts its tree's
+        own ``d``: it pays ``(D - d) * head_row_ms`` more. ``draft_depth`` is the schedule's
+        ``D`` (None: the deepest of all ``self.trees``); only a draft-entropy schedule reads it.
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
         if signal != DRAFT_ENTROPY:
             return np.stack([costs, costs], axis=1)
         latency = self.latency
         depth = self.draft_depth(range(len(self.trees))) if draft_depth is None else draft_depth
+        extra_rows = np.where(self._empty, 0, np.maximum(depth - self._depths, 0))
+        costs = costs + latency.head_row_ms * extra_rows
         prepare = latency.prepare_cost(depth)
         if not self.fuses(signal):
             fresh = costs + np.where(self._empty, prepare, 0.0)
@@ -319,8 +325,8 @@ class Replayer:
         everything = np.ones(len(self.trees), dtype=bool)
         regimes: list[tuple[str, int | None, np.ndarray]] = [(BASE_ENTROPY, None, everything)]
         if self.draft_entropy is not None:
-            depths = np.array([t.depth for t in self.trees])
-            regimes += [(DRAFT_ENTROPY, int(d), depths <= d) for d in np.unique(depths)]
+            regimes += [(DRAFT_ENTROPY, int(d), self._depths <= d)
+                        for d in np.unique(self._depths)]
         return regimes
 
     def oracle(self) -> ReplayResult:

@@ -119,6 +119,26 @@ def test_json_round_trip(model, tmp_path_factory) -> None:
             LatencyModel.from_json({**per_depth.to_json(), scalar: value})
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_head_row_ms_is_the_least_squares_slope_of_the_per_depth_figures(seed) -> None:
+    rng = np.random.default_rng(seed)
+    plain = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0)
+    assert plain.head_row_ms == 0.0  # no per-depth figures (Hydra)
+    for count in (2, 3, 4):
+        figures = tuple(float(v) for v in 10.0 + rng.uniform(-1.0, 2.0, count).cumsum())
+        slope = float(np.polyfit(np.arange(1, count + 1), figures, 1)[0])
+        timed = dataclasses.replace(plain, prepare_ms_by_depth=figures,
+                                    fused_empty_ms_by_depth=tuple(f + 9.0 for f in figures[::-1]))
+        assert timed.head_row_ms == pytest.approx(max(slope, 0.0), abs=1e-12)
+        untimed = dataclasses.replace(plain, prepare_ms_by_depth=(0.0,) * count,
+                                      fused_empty_ms_by_depth=figures)
+        assert untimed.head_row_ms == pytest.approx(max(slope, 0.0), abs=1e-12)
+    one_depth = dataclasses.replace(plain, fused_empty_ms_by_depth=(12.0,))
+    assert one_depth.head_row_ms == 0.0
+    falling = dataclasses.replace(plain, fused_empty_ms_by_depth=(13.0, 12.0, 11.0))
+    assert falling.head_row_ms == 0.0
+
+
 def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scalar() -> None:
     plain = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0, prepare_ms=3.0,
                          fused_empty_ms=12.0)

@@ -99,6 +99,12 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
     fused_ms = (latency.fused_empty_ms_by_depth[min(depth, len(latency.fused_empty_ms_by_depth))
                                                 - 1]
                 if latency.fused_empty_ms_by_depth else latency.fused_empty_ms)
+    # a drafted step prepares the schedule's depth where the profiled step drafts its own:
+    # the extra rows at the least-squares slope of the by-depth figures
+    rows = (latency.prepare_ms_by_depth if any(latency.prepare_ms_by_depth)
+            else latency.fused_empty_ms_by_depth)
+    row_ms = (max(float(np.polyfit(np.arange(1, len(rows) + 1), rows, 1)[0]), 0.0)
+              if len(rows) >= 2 else 0.0)
     steps = []
     for j, trace in enumerate(profile.traces):
         entropy = [float(h) for h in trace.entropy]
@@ -114,6 +120,8 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             tree = schedule.trees[k]
             accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
             cost = latency.tree_ms(tree)
+            if draft and tree.num_nodes > 0:
+                cost += row_ms * (max(t.depth for t in schedule.trees) - tree.depth)
             if fused and tree.num_nodes == 0:
                 # one projection: this step's logits and the next step's heads
                 cost = fused_ms
@@ -342,18 +350,24 @@ def test_draft_signal_replay_matches_the_step_by_step_reference(seed):
     np.testing.assert_array_equal(result.step_estimate, profile.draft_entropy()[steps])
 
 
-def _fused(latency: LatencyModel, *, by_depth: bool = False) -> LatencyModel:
+def _fused(latency: LatencyModel, *, by_depth: bool | str = False) -> LatencyModel:
+    """``by_depth`` True: per-depth prepare and fused figures; "unprepared": the static
+    engine's (no preparation timed, zeros; noisy, non-monotone fused figures)."""
     plain = latency.tree_ms(Tree.from_paths([]))
     fused = dataclasses.replace(latency, prepare_ms=3.25, fused_empty_ms=plain + 0.5)
     if not by_depth:
         return fused
+    if by_depth == "unprepared":
+        return dataclasses.replace(latency, prepare_ms_by_depth=(0.0, 0.0, 0.0, 0.0),
+                                   fused_empty_ms_by_depth=(plain + 0.7, plain + 1.2,
+                                                            plain + 0.7, plain + 1.8))
     # shallower schedules prepare fewer heads: cheaper (the deepest value is the scalar)
     return dataclasses.replace(fused, prepare_ms_by_depth=(0.5, 1.25, 2.0, 3.25),
                                fused_empty_ms_by_depth=(plain + 0.05, plain + 0.2,
                                                         plain + 0.3, plain + 0.5))
 
 
-@pytest.mark.parametrize("by_depth", [False, True])
+@pytest.mark.parametrize("by_depth", [False, True, "unprepared"])
 @pytest.mark.parametrize("seed", range(10))
 def test_fused_draft_signal_replay_matches_the_step_by_step_reference(seed, by_depth):
     """Empty-tree steps right after an empty-tree step skip prepare_ms; others pay it."""
@@ -430,6 +444,35 @@ def test_draft_schedules_pay_the_heads_of_their_deepest_tree_used_or_not():
     # the base signal never prepares heads: depth does not matter
     assert replayer.step_costs("base_entropy", 1).tolist() == replayer.step_costs(
         "base_entropy", 3).tolist()
+
+
+@pytest.mark.parametrize("by_depth", [True, "unprepared"])
+def test_drafted_steps_pay_the_head_rows_their_schedule_prepares_beyond_their_own(by_depth):
+    """A depth-d tree in a depth-D draft-entropy schedule projects D - d head rows more than
+    its profiled step: (D - d) * head_row_ms more, in both columns; empty trees and the base
+    signal pay nothing for it."""
+    profile = random_profile(4, num_traces=4, draft=True)
+    latency = _fused(LATENCIES[0], by_depth=by_depth)
+    assert latency.head_row_ms > 0
+    empty, one = Tree.from_paths([]), Tree.from_paths([[0]])
+    two, deep = Tree.from_paths([[0], [0, 0]]), Tree.from_paths([[0], [0, 0], [0, 0, 0]])
+    replayer = Replayer(profile, (empty, one, two, deep), latency)
+    for depth in (1, 2, 3):
+        table = replayer.cost_table("draft_entropy", depth)
+        own = replayer.cost_table("draft_entropy", 1)
+        for index, tree in enumerate((one, two, deep)[:depth], start=1):
+            rows = depth - tree.depth
+            expected = replayer.tree_ms[index] + rows * latency.head_row_ms
+            assert table[index, 0] == pytest.approx(expected, rel=1e-12)
+            if tree.depth == 1:
+                assert table[index, 0] - own[index, 0] == pytest.approx(
+                    (depth - 1) * latency.head_row_ms, rel=1e-12)
+            # right after an empty step: the same, less the preparation that step did
+            assert table[index, 1] == pytest.approx(
+                max(expected - latency.prepare_cost(depth), 0.0), rel=1e-12)
+        assert table[0].tolist() == replayer.cost_table("draft_entropy", depth)[0].tolist()
+    np.testing.assert_array_equal(replayer.cost_table("base_entropy", 3)[:, 0],
+                                  replayer.tree_ms)
 
 
 def plain_ms(latency: LatencyModel) -> float:
