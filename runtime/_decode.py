@@ -412,6 +412,7 @@ class SpeculativeDecoder:
         for tree in scheduler.trees:
             self.plan(tree)
         by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        observes = not by_draft and bool(getattr(scheduler, "reads_entropy", True))
         fuse = by_draft and self.fuses_empty
         max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         eos = frozenset(int(t) for t in eos_token_ids)
@@ -441,7 +442,7 @@ class SpeculativeDecoder:
         state, last_logits = self.prefill(input_ids, choose)
         tokens = [state.pending]
         scheduler.reset()
-        if not by_draft:
+        if observes:
             scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
         prefill_ms = clock.now() - start
         if on_step is not None:
@@ -476,7 +477,7 @@ class SpeculativeDecoder:
             tokens.extend(drafts)
             if len(tokens) < max_new_tokens and tokens[-1] not in eos:
                 tokens.append(outcome.next_token)
-            if not by_draft:
+            if observes:
                 scheduler.observe(entropy_from_logits(outcome.logits[path]).tolist())
             t3 = clock.now()
             log.append(StepLog(

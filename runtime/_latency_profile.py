@@ -14,11 +14,14 @@ step's one readback, CUDA graphs replayed when on (captured before timing starts
 field of the model holds, and what the replay (treesearch/_replay.py) charges with it:
 
 - ``verify_ms`` (and ``depth_ms``): ``TreeStep(tree, base_entropy=True)``, a base-entropy
-  schedule's step, exactly. A static tree's step is the same without the path's entropies, and
-  a draft-entropy schedule's drafted step drafts from the prepared heads and prepares the next
+  schedule's step, exactly. A static tree's step (one-tree schedules) is the same without the
+  path's entropies: the replay charges it this figure less ``entropy_readout_ms``, the empty
+  step's figure over the autoregressive one (one row's readout, a lower bound for deeper trees).
+  A draft-entropy schedule's drafted step drafts from the prepared heads and prepares the next
   state's at its end instead (the same head work, but Medusa prepares the schedule's deepest
-  ``D`` rows where the tree's own ``d`` would do, and one entropy instead of ``d + 1``): both
-  are charged this figure.
+  ``D`` rows where the tree's own ``d`` would do, and one entropy instead of ``d + 1``): the
+  replay charges this figure plus ``(D - d) * head_row_ms``, the slope of the per-depth
+  figures below.
 - ``autoregressive_ms``: ``TreeStep(empty)`` with no entropies, ``autoregressive_generate``'s
   step (which runs it on an engine without heads; an empty tree never calls them).
 - ``fused_empty_ms_by_depth[d - 1]`` (heads that fuse, ``fuses_with_base``):

@@ -37,6 +37,7 @@ class Scheduler(Protocol):
     trees: tuple[Tree, ...]
     signal: str  # BASE_ENTROPY or DRAFT_ENTROPY
     needs_draft_entropy: bool  # True: call observe_draft before every choose
+    reads_entropy: bool  # False: one tree, so steps need not compute any entropy
 
     def reset(self) -> None: ...
 
@@ -52,6 +53,7 @@ class StaticScheduler:
 
     signal = BASE_ENTROPY
     needs_draft_entropy = False
+    reads_entropy = False
 
     def __init__(self, tree: Tree) -> None:
         self.trees = (tree,)
@@ -84,8 +86,10 @@ class BundleScheduler:
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self.signal = schedule.signal
-        self.needs_draft_entropy = self.signal == DRAFT_ENTROPY
         self.trees = schedule.trees
+        # one tree (a bundle that ships its static tree): as StaticScheduler, as the replay
+        self.reads_entropy = len(self.trees) > 1
+        self.needs_draft_entropy = self.signal == DRAFT_ENTROPY and self.reads_entropy
         self._state = None
         self._draft: float | None = None  # this step's draft entropy, until choose uses it
 
@@ -104,6 +108,8 @@ class BundleScheduler:
         self._draft = float(entropy)
 
     def choose(self) -> TreeChoice:
+        if not self.reads_entropy:
+            return TreeChoice(0, self.trees[0], math.nan)
         if self.needs_draft_entropy:
             estimate = self._take_draft()
         else:

@@ -60,7 +60,7 @@ from entmtp.core import EntmtpError
 from entmtp.treesearch import Tree, padding_summary
 
 from ._drafter import Drafter, MedusaDrafter, Prepared
-from ._scheduler import Scheduler, StaticScheduler
+from ._scheduler import Scheduler
 from ._static_model import StaticLlama, compact_static_cache
 from ._tree_attention import TreePlan, tree_plan
 
@@ -94,8 +94,8 @@ class StepOptions:
         by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
         max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         return cls(
-            # A static tree's scheduler reads no entropies: skip computing them.
-            base_entropy=not by_draft and not isinstance(scheduler, StaticScheduler),
+            # A one-tree scheduler reads no entropies: skip computing them.
+            base_entropy=not by_draft and bool(getattr(scheduler, "reads_entropy", True)),
             prepare_depth=max(max_depth, 1) if by_draft else 0,
             fuse_empty=by_draft and fuses_empty,
         )
@@ -613,7 +613,7 @@ def static_generate(
     tokens = [int(first)]
     past_len = int(prompt.shape[0])
     scheduler.reset()
-    if not by_draft:
+    if base_signal:
         scheduler.observe([h0])
     prefill_ms = now() - start
     if on_step is not None:

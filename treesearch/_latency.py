@@ -28,7 +28,8 @@ last entry (the deepest schedule's), set from them, and a file holds the list al
 A draft-entropy schedule prepares for its deepest tree ``D`` on every step, so its drafted step
 of a depth-``d`` tree projects ``D - d`` Medusa rows more than the step the curve prices (which
 drafts ``d``): ``head_row_ms``, the per-row slope of those lists, prices them (the replay adds
-``(D - d) * head_row_ms``).
+``(D - d) * head_row_ms``). A one-tree schedule reads no entropies, so its step skips the base
+entropies the curve's steps compute (``entropy_readout_ms``, measured on the static engine).
 
 **Noise.** A measured model keeps every point it was fitted from (``points``: a step of one
 kind at one context length, over interleaved rounds) with its spread: ``iqr_ms``, the
@@ -268,6 +269,18 @@ class LatencyModel:
         centred = depths - depths.mean()
         slope = float(centred @ (np.asarray(rows) - np.mean(rows)) / (centred @ centred))
         return max(slope, 0.0)
+
+    @property
+    def entropy_readout_ms(self) -> float:
+        """ms a step saves when its schedule reads no entropies (a one-tree schedule): on the
+        static engine (``hardware["engine"]``) the empty-tree step's figure (``verify_ms[0]``,
+        profiled with its base entropy) less the autoregressive step's (the same step without
+        it, timed in the same rounds), at least 0. A depth-``d`` tree's step reads ``d + 1``
+        rows' entropies, so this one row's figure is a lower bound on its saving. 0 on other
+        engines, whose empty-tree step also pays the eager decoder's bookkeeping."""
+        if self.hardware.get("engine") != "static":
+            return 0.0
+        return max(self.verify_ms[0] - self.autoregressive_ms, 0.0)
 
     # -- noise -----------------------------------------------------------------------------
     @property

@@ -16,7 +16,8 @@ before the choice to empty-tree steps (``prepare_ms``), and with fused heads
 Both are charged for the schedule's *draft depth*, the depth of its deepest tree (the heads a
 live step prepares; ``LatencyModel.prepare_cost`` / ``fused_empty_cost``), and a drafted step of
 a shallower tree pays the head rows it prepares beyond its own (``LatencyModel.head_row_ms``
-each). ``Replayer.cost_table``
+each). A one-tree schedule reads no entropies, so its steps cost ``entropy_readout_ms`` less
+than the curve's (``NO_SIGNAL``; ``Replayer.static``). ``Replayer.cost_table``
 is the one definition of those charges; the oracle reads it too, for every signal and draft
 depth a schedule over the same trees can have, so it bounds every schedule and static tree.
 
@@ -40,6 +41,9 @@ from ._latency import LatencyModel
 from ._profile import Profile
 from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule, as_schedule, check_signal
 from ._tree import Tree
+
+# The cost regime of a schedule that reads no entropy (one tree): its steps skip the readout.
+NO_SIGNAL = "none"
 
 
 class _Rates:
@@ -239,6 +243,9 @@ class Replayer:
         The one place step costs are defined: ``step_ms`` (every schedule and static tree) and
         ``oracle`` read it, so the oracle bounds what the replay charges by construction.
 
+        ``NO_SIGNAL`` (a one-tree schedule): ``tree_ms`` less the entropy readout the profiled
+        steps include (``LatencyModel.entropy_readout_ms``), but not under the autoregressive
+        step (nor above ``tree_ms``). A base-entropy schedule: ``tree_ms``.
         A draft-entropy schedule runs the heads before choosing; only an empty tree does not
         reuse them, so only its steps pay the latency model's ``prepare_cost``. With fused heads
         (``fuses``) an empty tree's step costs ``fused_empty_cost + prepare_cost``; right after
@@ -250,6 +257,9 @@ class Replayer:
         ``D`` (None: the deepest of all ``self.trees``); only a draft-entropy schedule reads it.
         """
         costs = np.asarray(self.tree_ms, dtype=np.float64)
+        if signal == NO_SIGNAL:  # no step is cheaper than the plain one (noisy curves may be)
+            floor = np.minimum(costs, self.latency.autoregressive_ms)
+            costs = np.maximum(costs - self.latency.entropy_readout_ms, floor)
         if signal != DRAFT_ENTROPY:
             return np.stack([costs, costs], axis=1)
         latency = self.latency
@@ -305,25 +315,30 @@ class Replayer:
         signal: str = BASE_ENTROPY,
     ) -> ReplayResult:
         """Replay a schedule; its draft depth is that of its deepest bucket tree (chosen or
-        not), as in the live decoder."""
+        not), as in the live decoder. One bucket: ``static`` (the live scheduler reads no
+        entropy)."""
+        if len(bucket_trees) == 1:
+            return self.static(int(bucket_trees[0]))
         tree_at = self.schedule_tree_at(estimator, thresholds, bucket_trees, signal)
         return self.run(tree_at, estimates=self.estimates(estimator, signal), signal=signal,
                         draft_depth=self.draft_depth(bucket_trees))
 
     def static(self, index: int) -> ReplayResult:
-        """Replay with ``self.trees[index]`` at every step."""
-        return self.run(np.full(self.num_positions, index, dtype=np.int64))
+        """Replay with ``self.trees[index]`` at every step, reading no entropy."""
+        return self.run(np.full(self.num_positions, index, dtype=np.int64), signal=NO_SIGNAL)
 
     def cost_regimes(self) -> list[tuple[str, int | None, np.ndarray]]:
         """Every way a schedule over ``self.trees`` can be charged: ``(signal, draft_depth,
         allowed)`` with ``allowed`` the trees (bool ``[trees]``) such a schedule may use.
 
-        The base signal may use every tree; a draft-entropy schedule (only when the profile has
+        The base signal may use every tree, and so may a schedule that reads no entropy (one
+        tree: ``NO_SIGNAL``); a draft-entropy schedule (only when the profile has
         head-1 entropies) is charged for its deepest tree ``d``, so it uses trees of depth
         <= ``d``, for each depth ``d`` of the set.
         """
         everything = np.ones(len(self.trees), dtype=bool)
-        regimes: list[tuple[str, int | None, np.ndarray]] = [(BASE_ENTROPY, None, everything)]
+        regimes: list[tuple[str, int | None, np.ndarray]] = [(BASE_ENTROPY, None, everything),
+                                                             (NO_SIGNAL, None, everything)]
         if self.draft_entropy is not None:
             regimes += [(DRAFT_ENTROPY, int(d), self._depths <= d)
                         for d in np.unique(self._depths)]

@@ -424,7 +424,8 @@ def report_markdown(
               f"Latency model: {latency.hardware or 'unspecified hardware'}; autoregressive "
               f"{latency.autoregressive_ms:.2f} ms/token ({ar_tps:.2f} tokens/s). The steps are "
               "the live decoder's: tokens/s and mean accept length count the decode tokens (each "
-              "output less the prefill's first token) over step time and steps.", "",
+              "output less the prefill's first token) over step time and steps."
+              + _booking_note(latency), "",
               "| schedule | mean accept length | tokens/s | speedup vs AR | vs best static |",
               "|---|---:|---:|---:|---:|"]
     static_tps = result.best_static.tokens_per_second
@@ -447,3 +448,16 @@ def report_markdown(
                      f"{err['independence']:.3f} | {err['relative_error']:+.1%} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _booking_note(latency: LatencyModel) -> str:
+    """The charges besides each tree's profiled step, in words ("" when there are none)."""
+    note = ""
+    if latency.entropy_readout_ms > 0:
+        note += (f" A one-tree schedule reads no entropy: its steps cost "
+                 f"{latency.entropy_readout_ms:.2f} ms less than the profiled ones (the empty "
+                 "step's entropy readout).")
+    if latency.head_row_ms > 0:
+        note += (f" A draft-entropy schedule's drafted step pays {latency.head_row_ms:.2f} ms "
+                 "per head row it prepares beyond its own tree's depth.")
+    return note

@@ -215,6 +215,27 @@ def test_static_scheduler_never_needs_the_draft_entropy():
     assert scheduler.choose().tree is TREES[1]
 
 
+@pytest.mark.parametrize("signal", [BASE_ENTROPY, DRAFT_ENTROPY])
+def test_a_one_tree_bundle_reads_no_entropy_like_a_static_tree(signal):
+    """A bundle that ships its static tree runs the step without entropies, as the replay
+    prices it (``NO_SIGNAL``); its steps' step options say so."""
+    from entmtp.runtime._static_step import StepOptions
+
+    one = BundleScheduler(Schedule((TREES[1],), (), EntropyEstimator.last(), signal))
+    assert not one.reads_entropy and not one.needs_draft_entropy
+    one.reset()
+    assert one.choose().tree is TREES[1] and math.isnan(one.choose().estimate)  # no observe
+    for scheduler in (one, StaticScheduler(TREES[1])):
+        options = StepOptions.of(scheduler, fuses_empty=True)
+        assert (options.base_entropy, options.prepare_depth, options.fuse_empty) == (
+            False, 0, False)
+    switching = BundleScheduler(Schedule(TREES, (0.8, 1.9), EntropyEstimator.last(), signal))
+    assert switching.reads_entropy
+    options = StepOptions.of(switching, fuses_empty=True)
+    assert options.base_entropy == (signal == BASE_ENTROPY)
+    assert options.prepare_depth == (2 if signal == DRAFT_ENTROPY else 0)
+
+
 def test_draft_signal_scheduler_chooses_from_the_observed_draft_entropy():
     schedule = Schedule(TREES, (0.8, 1.9), EntropyEstimator.last(), DRAFT_ENTROPY)
     scheduler = BundleScheduler(schedule)
@@ -299,6 +320,10 @@ def test_the_scheduler_a_bundle_runs_picks_bisect_right_of_its_nats_thresholds(s
             scheduler.observe([e])
         seen.append(e)
         choice = scheduler.choose()
+        if len(bundle.trees) == 1:  # reads nothing: no estimate
+            assert not scheduler.reads_entropy and math.isnan(choice.estimate)
+            assert choice.tree == bundle.trees[0]
+            continue
         if bundle.entropy.estimator.kind == "last":  # the entropy itself picks the tree
             assert choice.estimate == e
         else:

@@ -139,6 +139,16 @@ def test_head_row_ms_is_the_least_squares_slope_of_the_per_depth_figures(seed) -
     assert falling.head_row_ms == 0.0
 
 
+def test_entropy_readout_is_the_static_engines_empty_step_over_its_plain_step() -> None:
+    model = LatencyModel((0, 4), (10.5, 20.0), autoregressive_ms=10.0,
+                         hardware={"engine": "static"})
+    assert model.entropy_readout_ms == 0.5
+    noisy = dataclasses.replace(model, verify_ms=(9.5, 20.0))  # cheaper: noise, no saving
+    assert noisy.entropy_readout_ms == 0.0
+    for hardware in ({}, {"engine": "eager"}):  # the eager empty step pays more than entropy
+        assert dataclasses.replace(model, hardware=hardware).entropy_readout_ms == 0.0
+
+
 def test_per_depth_costs_clamp_to_the_measured_depths_and_fall_back_to_the_scalar() -> None:
     plain = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=9.0, prepare_ms=3.0,
                          fused_empty_ms=12.0)
@@ -349,3 +359,14 @@ def test_a_falling_last_segment_is_not_extrapolated_below_its_last_knot():
     assert model.step_ms(1000, 0) == 150.0  # flat, not 150 - 6.25 * 984 < 0
     rising = LatencyModel((0, 8, 16), (50.0, 100.0, 150.0), autoregressive_ms=49.0)
     assert rising.step_ms(24, 0) == pytest.approx(200.0)
+
+
+def test_the_report_names_the_charges_besides_the_profiled_steps() -> None:
+    from entmtp.treesearch._run import _booking_note
+
+    plain = LatencyModel((0, 4), (10.0, 20.0), autoregressive_ms=10.0)
+    assert _booking_note(plain) == ""
+    static = dataclasses.replace(plain, verify_ms=(10.42, 20.0), hardware={"engine": "static"},
+                                 fused_empty_ms_by_depth=(10.5, 10.8, 11.1))
+    note = _booking_note(static)
+    assert "cost 0.42 ms less" in note and "pays 0.30 ms per head row" in note

@@ -45,7 +45,8 @@ def make_trees(rng: np.random.Generator, count: int) -> list[Tree]:
 def make_latency(rng: np.random.Generator) -> LatencyModel:
     """Any non-negative figures: step time may fall as trees grow, a fused empty step may cost
     less than a plain one (a noisy measurement), prepare costs may fall with depth; half of them
-    verify trees at padded widths."""
+    verify trees at padded widths; half are the static engine's, whose one-tree schedules skip
+    the entropy readout (any sign of verify_ms[0] - autoregressive_ms)."""
     nodes = (0, *sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(0, 6)),
                                    replace=False).tolist()))
     verify = tuple(rng.uniform(1.0, 100.0, len(nodes)).tolist())
@@ -59,6 +60,7 @@ def make_latency(rng: np.random.Generator) -> LatencyModel:
         prepare_ms_by_depth=tuple(rng.uniform(0.0, 30.0, HEADS).tolist()) if by_depth else (),
         fused_empty_ms_by_depth=(tuple(rng.uniform(0.0, 120.0, HEADS).tolist())
                                  if by_depth and fused else ()),
+        hardware={"engine": "static"} if rng.random() < 0.5 else {},
     )
     return with_padding(model) if rng.random() < 0.5 else model  # trees priced padded too
 

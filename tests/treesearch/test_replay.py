@@ -105,6 +105,11 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             else latency.fused_empty_ms_by_depth)
     row_ms = (max(float(np.polyfit(np.arange(1, len(rows) + 1), rows, 1)[0]), 0.0)
               if len(rows) >= 2 else 0.0)
+    # one tree: the live scheduler reads no entropy, so its steps skip the readout the profiled
+    # steps paid (on the static engine), never below the plain step
+    readout = (max(latency.verify_ms[0] - latency.autoregressive_ms, 0.0)
+               if len(schedule.trees) == 1 and latency.hardware.get("engine") == "static"
+               else 0.0)
     steps = []
     for j, trace in enumerate(profile.traces):
         entropy = [float(h) for h in trace.entropy]
@@ -120,6 +125,9 @@ def reference_replay(profile: Profile, schedule: Schedule, latency: LatencyModel
             tree = schedule.trees[k]
             accepted = min(hand_accept(tree, trace.ranks[i]), last - i)
             cost = latency.tree_ms(tree)
+            if len(schedule.trees) == 1:
+                cost = max(cost - readout, min(cost, latency.autoregressive_ms))
+                draft = fused = False
             if draft and tree.num_nodes > 0:
                 cost += row_ms * (max(t.depth for t in schedule.trees) - tree.depth)
             if fused and tree.num_nodes == 0:
@@ -485,3 +493,42 @@ def test_draft_signal_needs_a_profile_that_has_it():
                         EntropyEstimator.last(), "draft_entropy")
     with pytest.raises(EntmtpError, match="no draft"):
         replay(profile, schedule, LATENCIES[0])
+
+
+def _static_engine(latency: LatencyModel, readout: float) -> LatencyModel:
+    """``latency`` as the static engine's, its empty-tree step ``readout`` ms over the plain one."""
+    verify = (latency.autoregressive_ms + readout, *latency.verify_ms[1:])
+    return dataclasses.replace(latency, verify_ms=verify, hardware={"engine": "static"})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_tree_schedules_skip_the_entropy_readout_the_profiled_steps_paid(seed):
+    """On the static engine a static tree's step is the profiled one less the entropy readout
+    (the empty tree's: exactly the autoregressive step), on either signal; a switching schedule
+    pays the profiled steps; other engines' files charge no readout."""
+    rng = np.random.default_rng(900 + seed)
+    profile = random_profile(seed, num_traces=6, draft=True)
+    base = LATENCIES[seed % len(LATENCIES)]
+    latency = _static_engine(base, readout=float(rng.uniform(0.1, 2.0)))
+    assert latency.entropy_readout_ms == pytest.approx(latency.verify_ms[0]
+                                                       - latency.autoregressive_ms)
+    empty = Tree.from_paths([])
+    trees = [empty] + [random_tree(rng) for _ in range(3)]
+    replayer = Replayer(profile, trees, latency)
+    for index, tree in enumerate(trees):
+        result = replayer.static(index)
+        expected = max(latency.tree_ms(tree) - latency.entropy_readout_ms,
+                       min(latency.tree_ms(tree), latency.autoregressive_ms))
+        np.testing.assert_allclose(result.step_ms, expected, rtol=1e-12)
+        for signal in ("base_entropy", "draft_entropy"):
+            one = Schedule((tree,), (), EntropyEstimator.last(), signal)
+            assert check_against_reference(profile, one, latency).time_ms == pytest.approx(
+                result.time_ms, rel=1e-12)
+    assert replayer.static(0).time_ms == pytest.approx(replayer.static(0).autoregressive_ms,
+                                                      rel=1e-12)
+    switching = Schedule(tuple(trees[:2]), (1.0,), EntropyEstimator.last())
+    switched = check_against_reference(profile, switching, latency)
+    assert switched.tree_ms == tuple(latency.tree_ms(t) for t in trees[:2])
+    eager = dataclasses.replace(latency, hardware={"engine": "eager"})
+    assert eager.entropy_readout_ms == 0.0
+    assert Replayer(profile, trees, eager).static(1).tree_ms[1] == latency.tree_ms(trees[1])
