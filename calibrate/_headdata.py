@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entmtp.core import EntmtpError, atomic_write, atomic_write_json
+from entmtp.core import EntmtpError, atomic_write, atomic_write_json, dtype_name
 from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
 from ._greedy import greedy_generate
@@ -381,7 +381,7 @@ def cached_trajectories(
     index = head_data.index
     key = {"format": "entmtp-hidden-states", "plan_sha256": index["plan_sha256"],
            "shards": [entry["file"] for entry in index["shards"]],
-           "dtype": str(weight.dtype).removeprefix("torch."), "device": weight.device.type}
+           "dtype": dtype_name(weight.dtype), "device": weight.device.type}
     path = None if cache is None else Path(cache)
     if path is not None and path.exists():
         stored = trajectories_key(path)

@@ -52,6 +52,7 @@ from entmtp.core import (
     HEAD_TYPES,
     EntmtpError,
     check_writable_target,
+    dtype_name,
     link_refusal,
     make_folder,
     may_replace_read_only,
@@ -494,7 +495,7 @@ def save_heads(
             **heads.config_dict(),
             "base_model": heads.base_model_name,
             "topk_default": int(topk_default),
-            "storage_dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
+            "storage_dtype": dtype_name(next(iter(state.values())).dtype),
             "sha256": _weights_sha256(heads.config_dict(), state),
         }
         if extra:

@@ -17,10 +17,10 @@ DTYPE_ALIASES = {
 }
 
 
-def dtype_name(dtype: str, *, option: str = "dtype") -> str:
-    """``dtype`` as torch's name (``bf16`` -> ``bfloat16``), any case; ``option`` names it in
-    the one-line error."""
-    name = DTYPE_ALIASES.get(str(dtype).lower())
+def dtype_name(dtype: object, *, option: str = "dtype") -> str:
+    """``dtype`` (a spelling, any case, or a torch dtype) as torch's name (``bf16``,
+    ``torch.bfloat16`` -> ``bfloat16``); ``option`` names it in the one-line error."""
+    name = DTYPE_ALIASES.get(str(dtype).lower().removeprefix("torch."))
     if name is None:
         raise EntmtpError(f"{option} {dtype!r}: use bf16, fp16 or fp32")
     return name

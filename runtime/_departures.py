@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from entmtp.calibrate import cache_keyword
-from entmtp.core import EntmtpError
+from entmtp.core import EntmtpError, dtype_name
 
 # How many units of the dtype's resolution at the top logit a departure's gap may be.
 NEAR_TIE_ULPS = 8.0
@@ -130,7 +130,7 @@ def explain_departure(
         position=int(position), plain_token=int(plain_token), decoded_token=int(decoded_token),
         top1_token=top1_token, top2_token=top2_token, top1_logit=top1,
         gap_top2=top1 - top2, gap_decoded=gap_decoded, ulp=ulp,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name(dtype),
         near_tie=gap_decoded <= NEAR_TIE_ULPS * ulp,
     )
 

@@ -333,9 +333,11 @@ def validation_line(result: ScheduleSearchResult) -> str:
         return "Cross-validation: not run."
     verdict = ("kept the switching schedule" if check.passed else
                "shipped the best static tree instead: the switching schedule did not generalize")
+    bound = ("" if check.bound is None else
+             f" (the latency model's noise could produce {check.bound:.3f}x)")
     return (f"Cross-validation ({check.folds} folds of prompts, each replayed with the schedule "
             f"and the static tree searched on the others): held-out schedule over static "
-            f"{check.gain:.3f}x; {verdict}.")
+            f"{check.gain:.3f}x{bound}; {verdict}.")
 
 
 def _positions_served(profile: Profile, schedule) -> np.ndarray:

@@ -29,14 +29,16 @@ static tree on the calibration traces may be slower on new text. With ``validati
 2 a switching schedule must also win out of sample: the prompts are split into K folds, the
 whole search runs again on every K - 1 of them, and its schedule and its best static tree are
 replayed on the fold left out. Unless the schedules' summed held-out time is below the static
-trees', the best static tree is shipped (``ScheduleSearchResult.validation`` says why).
+trees', by a gain beyond the latency model's noise (below), the best static tree is shipped
+(``ScheduleSearchResult.validation`` says why).
 
 A gain that small can also come from the latency model's own noise: trees whose measured step
 times sit a little low look like a win. So a switching schedule must also gain more over the best
 static tree, on the calibration traces, than ``LatencyModel.noise_gain_bound`` (the gain the
 model's measured spread alone could produce; see ``_latency``); otherwise the best static tree is
-shipped (``ScheduleSearchResult.noise`` says why). A model without a measured spread cannot
-apply it (``NoiseCheck.bound`` None).
+shipped (``ScheduleSearchResult.noise`` says why). The held-out gain is held to the same bound:
+a schedule that wins on the calibration traces by more than noise but out of sample by less has
+not shown it generalizes. A model without a measured spread cannot apply it (``bound`` None).
 
 ``storage``: None (in memory), an Optuna database URL, or ``journal:PATH`` (a journal file that
 several processes can share; give each process its own ``seed``).
@@ -85,6 +87,7 @@ class Validation:
     folds: int
     schedule_ms: float  # summed over the held-out folds
     static_ms: float
+    bound: float | None = None  # LatencyModel.noise_gain_bound(); None: no spread measured
 
     @property
     def gain(self) -> float:
@@ -93,7 +96,9 @@ class Validation:
 
     @property
     def passed(self) -> bool:
-        return self.schedule_ms < self.static_ms
+        """Faster on the held-out folds, by more than the latency model's noise could make it."""
+        beyond_noise = self.bound is None or self.gain > self.bound
+        return self.schedule_ms < self.static_ms and beyond_noise
 
 
 @dataclass(frozen=True)
@@ -414,4 +419,4 @@ def cross_validate(
         static = replay(test, candidates[searched.best_static_index], latency)
         schedule_ms += held_out.time_ms
         static_ms += static.time_ms
-    return Validation(folds, schedule_ms, static_ms)
+    return Validation(folds, schedule_ms, static_ms, latency.noise_gain_bound())

@@ -56,6 +56,14 @@ def test_the_torch_dtype_map_covers_every_dtype_name():
     assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype(torch.float16) is torch.float16
 
 
+def test_a_torch_dtype_is_named_by_its_torch_name():
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert dtype_name(dtype) == str(dtype).removeprefix("torch.")
+    with pytest.raises(EntmtpError, match="torch.int8"):
+        dtype_name(torch.int8)
+
+
 def test_the_extra_table_matches_the_model_extra_of_the_package():
     model_extra = set()
     for requirement in requires("entmtp") or []:

@@ -318,8 +318,24 @@ def test_cross_validation_is_the_plain_fold_loop():
     assert got.static_ms == pytest.approx(static_ms, rel=1e-12)
     assert got.gain == pytest.approx(static_ms / schedule_ms, rel=1e-12)
     assert got.passed == (schedule_ms < static_ms)
+    assert got.bound == latency.noise_gain_bound()
+    noisy = _with_spread(latency, 0.2)
+    assert cross_validate(profile, candidates, noisy, folds=3, n_trials=2, seed=1,
+                          max_buckets=2).bound == noisy.noise_gain_bound() > 1.0
     assert cross_validate(profile, candidates, latency, folds=8, n_trials=2, seed=1,
                           max_buckets=2) is None  # 7 prompts cannot make 8 folds
+
+
+@pytest.mark.parametrize(("schedule_ms", "bound", "passed"), [
+    (90.0, None, True), (90.0, 1.05, True), (99.0, 1.05, False), (99.0, None, True),
+    (101.0, None, False), (101.0, 0.9, False)])
+def test_the_held_out_gain_must_beat_the_latency_noise_too(schedule_ms, bound, passed):
+    """100 ms static over 99 ms schedule is a 1.010x held-out gain: under a 1.05x noise bound
+    it has not shown the schedule generalizes."""
+    from entmtp.treesearch._schedule_search import Validation
+
+    check = Validation(3, schedule_ms, 100.0, bound)
+    assert check.passed is passed
 
 
 def test_a_schedule_that_generalizes_is_kept():
