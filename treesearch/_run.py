@@ -331,8 +331,13 @@ def validation_line(result: ScheduleSearchResult) -> str:
             return ("Cross-validation: not needed (no switching schedule beat the best static "
                     "tree on the calibration traces).")
         return "Cross-validation: not run."
-    verdict = ("kept the switching schedule" if check.passed else
-               "shipped the best static tree instead: the switching schedule did not generalize")
+    if check.passed:
+        verdict = "kept the switching schedule"
+    elif check.schedule_ms < check.static_ms:
+        verdict = ("shipped the best static tree instead: the switching schedule's held-out gain "
+                   "is within the latency model's noise")
+    else:
+        verdict = "shipped the best static tree instead: the switching schedule did not generalize"
     bound = ("" if check.bound is None else
              f" (the latency model's noise could produce {check.bound:.3f}x)")
     return (f"Cross-validation ({check.folds} folds of prompts, each replayed with the schedule "

@@ -412,3 +412,20 @@ def test_a_gain_within_the_latency_noise_ships_the_static_tree():
     unmeasured = calibrate_schedule(profile, candidates, LatencyModel.cpu_like(), n_trials=40,
                                     seed=0)
     assert unmeasured.noise.bound is None and unmeasured.noise.passed
+
+
+@pytest.mark.parametrize(("schedule_ms", "says"), [
+    (90.0, "held-out schedule over static 1.111x (the latency model's noise could produce "
+           "1.050x); kept the switching schedule."),
+    (99.0, "1.010x (the latency model's noise could produce 1.050x); shipped the best static "
+           "tree instead: the switching schedule's held-out gain is within the latency model's "
+           "noise."),
+    (101.0, "shipped the best static tree instead: the switching schedule did not generalize.")])
+def test_the_report_says_why_the_k_fold_check_kept_or_refused_the_schedule(schedule_ms, says):
+    from types import SimpleNamespace
+
+    from entmtp.treesearch._run import validation_line
+    from entmtp.treesearch._schedule_search import Validation
+
+    line = validation_line(SimpleNamespace(validation=Validation(3, schedule_ms, 100.0, 1.05)))
+    assert line.startswith("Cross-validation (3 folds of prompts") and line.endswith(says)
