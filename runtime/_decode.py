@@ -62,7 +62,13 @@ from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler, StaticScheduler
 from ._static_model import static_support
-from ._static_step import StaticEngine, check_padding, padding_note, static_generate
+from ._static_step import (
+    StaticEngine,
+    StepOptions,
+    check_padding,
+    padding_note,
+    static_generate,
+)
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
     check_tree_attention_support,
@@ -412,7 +418,8 @@ class SpeculativeDecoder:
         for tree in scheduler.trees:
             self.plan(tree)
         by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
-        observes = not by_draft and bool(getattr(scheduler, "reads_entropy", True))
+        # the base entropies the static engine's steps output, by the same rule
+        observes = StepOptions.of(scheduler, self.fuses_empty).base_entropy
         fuse = by_draft and self.fuses_empty
         max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         eos = frozenset(int(t) for t in eos_token_ids)

@@ -97,8 +97,7 @@ class Validation:
     @property
     def passed(self) -> bool:
         """Faster on the held-out folds, by more than the latency model's noise could make it."""
-        beyond_noise = self.bound is None or self.gain > self.bound
-        return self.schedule_ms < self.static_ms and beyond_noise
+        return self.schedule_ms < self.static_ms and NoiseCheck(self.gain, self.bound).passed
 
 
 @dataclass(frozen=True)
