@@ -44,6 +44,8 @@ _EXPORTS = {
     "text_trajectories": "._train",
     "accuracy_table": "._train",
     "head_accuracy": "._train",
+    "head_ranks": "._train",
+    "HeadRanks": "._train",
     "check_heads_target": "._heads",
     # head data recorded for training
     "DataItem": "._headdata",

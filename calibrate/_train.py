@@ -28,14 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from entmtp.core import EntmtpError, atomic_write
+from entmtp.treesearch import Tree, expected_accept_length
 
 from ._greedy import greedy_generate
 from ._heads import DraftHeads, _unwrap_base
+from ._stats import topk_ranks
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 TRAIN_MODES = ("self-distill", "text")
@@ -457,19 +460,59 @@ def _batch_vocab(frequent: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return vocab, torch.where(targets >= 0, index, -1)
 
 
+@dataclass
+class HeadRanks:
+    """Where the true future token ranks in each head, at every scored position."""
+
+    ranks: np.ndarray  # [positions, num_heads] int16: rank in the head's top-k, -1 outside it
+    scored: np.ndarray  # [positions, num_heads] bool: the token d steps after the root exists
+    topk: int  # how deep each head's ranking went
+
+    @staticmethod
+    def concat(parts: Sequence[HeadRanks]) -> HeadRanks:
+        return HeadRanks(np.concatenate([p.ranks for p in parts]),
+                         np.concatenate([p.scored for p in parts]),
+                         min(p.topk for p in parts))
+
+    def accuracy(self) -> list[HeadAccuracy]:
+        """Top-1 / top-5 of each head over its scored positions."""
+        if self.topk < 5:
+            raise EntmtpError(f"top-5 accuracy needs ranks to top-5, these go to top-{self.topk}")
+        result = []
+        for d in range(self.ranks.shape[1]):
+            ranks = self.ranks[self.scored[:, d], d]
+            total = len(ranks)
+            result.append(HeadAccuracy(
+                depth=d + 1,
+                top1=float((ranks == 0).sum()) / total if total else float("nan"),
+                top5=float(((ranks >= 0) & (ranks < 5)).sum()) / total if total else float("nan"),
+                positions=total,
+            ))
+        return result
+
+    def accept_length(self, tree: Tree) -> float:
+        """The tree's mean accept length replayed on these positions (tokens per step)."""
+        if tree.min_topk > self.topk:
+            raise EntmtpError(f"ranks were taken to top-{self.topk}, the tree needs "
+                              f"top-{tree.min_topk}: rank again with a larger topk")
+        return expected_accept_length(tree, self.ranks)
+
+
 @torch.inference_mode()
-def head_accuracy(
+def head_ranks(
     heads: DraftHeads,
     trajectories: Sequence[Trajectory],
     *,
+    topk: int = 5,
     batch_size: int = 512,
-) -> list[HeadAccuracy]:
-    """Per-head top-1 / top-5 accuracy over the full vocabulary (Hydra: true prefix)."""
+) -> HeadRanks:
+    """Rank of the true token ``d`` steps after the root in head ``d``'s full-vocabulary top-k
+    (Hydra fed the true prefix), at every position with at least one future token: the ranks a
+    profile records, so that a tree's accept length replays on them
+    (``treesearch.expected_accept_length``)."""
     examples = _examples(trajectories, heads.num_heads)
     device, dtype = heads.device, heads.dtype
-    hits1 = [0] * heads.num_heads
-    hits5 = [0] * heads.num_heads
-    totals = [0] * heads.num_heads
+    ranks = torch.full(examples.targets.shape, -1, dtype=torch.int16)
     for start in range(0, len(examples.rows), batch_size):
         rows = examples.rows[start:start + batch_size]
         hidden = examples.hidden[rows].to(device, dtype)
@@ -480,20 +523,19 @@ def head_accuracy(
                 continue
             prefix = _prefixes(examples, rows[valid], depth).to(device)
             logits = heads.head_logits(depth, hidden[valid], prefix)
-            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.cpu()
-            match = top == target[valid, None]
-            hits1[depth - 1] += int(match[:, 0].sum())
-            hits5[depth - 1] += int(match.any(-1).sum())
-            totals[depth - 1] += int(valid.sum())
-    return [
-        HeadAccuracy(
-            depth=d + 1,
-            top1=hits1[d] / totals[d] if totals[d] else float("nan"),
-            top5=hits5[d] / totals[d] if totals[d] else float("nan"),
-            positions=totals[d],
-        )
-        for d in range(heads.num_heads)
-    ]
+            found = topk_ranks(logits, target[valid].to(device), topk).cpu().to(torch.int16)
+            ranks[start + torch.nonzero(valid)[:, 0], depth - 1] = found
+    return HeadRanks(ranks.numpy(), (examples.targets >= 0).numpy(), topk)
+
+
+def head_accuracy(
+    heads: DraftHeads,
+    trajectories: Sequence[Trajectory],
+    *,
+    batch_size: int = 512,
+) -> list[HeadAccuracy]:
+    """Per-head top-1 / top-5 accuracy over the full vocabulary (Hydra: true prefix)."""
+    return head_ranks(heads, trajectories, topk=5, batch_size=batch_size).accuracy()
 
 
 def split_heldout(

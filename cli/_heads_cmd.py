@@ -310,6 +310,8 @@ def eval_command(
                                    "data` (e.g. held-out prompts) for this model."),
     heads: list[str] = typer.Option(..., "--heads", help="entmtp heads folder; repeat to "
                                     "compare several on the same data."),
+    trees: list[str] = typer.Option(["mc_sim_7b_63"], "--tree", help="Shipped reference "
+                                    "tree whose accept length to replay; repeat for several."),
     model: str | None = MODEL_OPTION,
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per "
                                       "teacher-forced forward."),
@@ -319,7 +321,8 @@ def eval_command(
     force: bool = FORCE_OPTION,
 ) -> None:
     """Top-1 / top-5 accuracy of each head per data source (full vocabulary; Hydra with the
-    true prefix), for heads side by side on the same trajectories.
+    true prefix), and each --tree's mean accept length replayed on the same positions, for
+    heads side by side on the same trajectories.
 
     Example: entmtp heads eval --from-data eval-data --heads old/medusa --heads new/medusa
     """
@@ -328,14 +331,17 @@ def eval_command(
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
     from entmtp.calibrate import accuracy_table as markdown_table
     from entmtp.calibrate import (
-        head_accuracy,
+        HeadRanks,
+        head_ranks,
         load_heads,
         read_head_data,
         read_head_data_index,
         record_trajectories,
     )
     from entmtp.core import atomic_write_json
+    from entmtp.treesearch import reference_tree
 
+    replayed = {name: reference_tree(name) for name in trees}
     read_head_data_index(from_data)
     check_outputs(json_out)
     base = load_base(model, device=device, dtype=dtype)
@@ -346,18 +352,45 @@ def eval_command(
         trajectories = record_trajectories(base, data.records, batch_size=forward_batch,
                                            progress=progress)
     sources = sorted({t.source for t in trajectories})
-    results: dict[str, Any] = {}
+    topk = max([5] + [tree.min_topk for tree in replayed.values()])
+    accuracies: dict[str, Any] = {}
+    accept: dict[str, dict[str, dict[str, float]]] = {}
     for path, draft in loaded:
-        rows = {source: head_accuracy(draft, [t for t in trajectories if t.source == source])
-                for source in sources}
-        rows["all"] = head_accuracy(draft, trajectories)
-        results[path] = {name: [_accuracy_record(a) for a in accs] for name, accs in rows.items()}
+        ranks = {source: head_ranks(draft, [t for t in trajectories if t.source == source],
+                                    topk=topk)
+                 for source in sources}
+        ranks["all"] = HeadRanks.concat(list(ranks.values()))
+        rows = {name: r.accuracy() for name, r in ranks.items()}
+        accuracies[path] = {name: [_accuracy_record(a) for a in accs]
+                            for name, accs in rows.items()}
+        accept[path] = {tree_name: {name: r.accept_length(tree) for name, r in ranks.items()}
+                        for tree_name, tree in replayed.items()}
         console.print(f"{path} ({draft.head_type}, sha256 {draft.sha256()[:12]})")
         typer.echo(markdown_table(rows))  # plain: a terminal-wide rich print would wrap it
+    for tree_name in replayed:
+        typer.echo(f"\n{tree_name}: mean accept length replayed (tokens per step)")
+        typer.echo(accept_length_table({path: accept[path][tree_name] for path, _ in loaded}))
     if json_out is not None:
         atomic_write_json(json_out, {"data": str(from_data),
                                      "plan_sha256": data.index["plan_sha256"],
-                                     "heads": results})
+                                     "heads": accuracies, "accept_length": accept})
+
+
+def accept_length_table(rows: dict[str, dict[str, float]]) -> str:
+    """Markdown: one row per heads folder, one column per data source, each later row's ratio
+    to the first row's in parentheses."""
+    labels = list(rows)
+    columns = list(rows[labels[0]])
+    lines = ["| heads | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    first = rows[labels[0]]
+    for label in labels:
+        cells = []
+        for column in columns:
+            value = rows[label][column]
+            ratio = f" ({value / first[column]:.3f}x)" if label != labels[0] else ""
+            cells.append(f"{value:.3f}{ratio}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _accuracy_record(accuracy: Any) -> dict[str, Any]:

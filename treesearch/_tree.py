@@ -200,6 +200,11 @@ class Tree:
             counts[len(path) - 1] += 1
         return tuple(counts)
 
+    @property
+    def min_topk(self) -> int:
+        """The top-k every head must return to draft this tree: its largest rank + 1."""
+        return max((p[-1] + 1 for p in self.paths), default=0)
+
     def index(self, path: Sequence[int]) -> int:
         """Node index of ``path`` (1-based; 0 is the root)."""
         return self._index[tuple(path)]

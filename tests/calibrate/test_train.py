@@ -3,6 +3,7 @@ accuracy against brute force, learning a learnable map, the cache format, and tr
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,9 @@ from entmtp.calibrate._train import (
     _prefixes,
     fit_heads,
     generate_trajectories,
+    HeadRanks,
     head_accuracy,
+    head_ranks,
     load_trajectories,
     save_trajectories,
     split_heldout,
@@ -22,6 +25,7 @@ from entmtp.calibrate._train import (
     train_heads,
 )
 from entmtp.core import EntmtpError
+from entmtp.treesearch import Tree
 from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128
@@ -152,6 +156,63 @@ def test_head_accuracy_matches_brute_force(head_type):
         assert accuracy.positions == total
         assert accuracy.top1 == pytest.approx(hits1 / total)
         assert accuracy.top5 == pytest.approx(hits5 / total)
+
+
+def brute_force_ranks(heads, trajectories, topk):
+    """(ranks, scored) per position with a future token, in _examples' order, head by head."""
+    ranks, scored = [], []
+    for trajectory in trajectories:
+        for s in range(len(trajectory) - 1):
+            row_ranks, row_scored = [], []
+            for depth in range(1, heads.num_heads + 1):
+                if s + depth >= len(trajectory):
+                    row_ranks.append(-1)
+                    row_scored.append(False)
+                    continue
+                prefix = trajectory.tokens[s:s + depth][None]
+                logits = heads.head_logits(depth, trajectory.hidden[s:s + 1], prefix)[0]
+                rank = int((logits > logits[int(trajectory.tokens[s + depth])]).sum())
+                row_ranks.append(rank if rank < topk else -1)
+                row_scored.append(True)
+            ranks.append(row_ranks)
+            scored.append(row_scored)
+    return np.array(ranks), np.array(scored)
+
+
+def brute_force_accept_length(tree, ranks):
+    total = 0
+    for row in ranks:
+        depth = 0
+        while depth < len(row) and row[depth] >= 0 and tuple(row[:depth + 1]) in tree:
+            depth += 1
+        total += 1 + depth
+    return total / len(ranks)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_head_ranks_and_accept_length_match_brute_force(head_type):
+    model = make_tiny_llama(seed=16)
+    heads = new_heads(model, head_type=head_type, num_heads=3)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(torch.randn(parameter.shape) * 0.3)
+    trajectories = random_trajectories(6, seed=17)
+    got = head_ranks(heads, trajectories, topk=7, batch_size=4)
+    ranks, scored = brute_force_ranks(heads, trajectories, topk=7)
+    assert got.topk == 7 and got.ranks.dtype == np.int16
+    np.testing.assert_array_equal(got.ranks, ranks)
+    np.testing.assert_array_equal(got.scored, scored)
+    assert (got.ranks >= 0).any() and (got.ranks == -1).any()  # hits and misses both occur
+    tree = Tree.from_paths([(0,), (1,), (6,), (0, 0), (0, 3), (1, 0), (0, 0, 0), (0, 3, 2)])
+    assert got.accept_length(tree) == pytest.approx(brute_force_accept_length(tree, ranks))
+    with pytest.raises(EntmtpError, match="top-8"):
+        got.accept_length(Tree.from_paths([(7,)]))
+    halves = HeadRanks.concat([head_ranks(heads, trajectories[:2], topk=7),
+                               head_ranks(heads, trajectories[2:], topk=7)])
+    np.testing.assert_array_equal(halves.ranks, ranks)
+    np.testing.assert_array_equal(halves.scored, scored)
+    deeper = HeadRanks.concat([got, head_ranks(heads, trajectories, topk=9)])
+    assert deeper.topk == 7  # the shallower ranking bounds what the union can replay
 
 
 def cyclic_trajectories(model, count: int, length: int, period: int, seed: int):

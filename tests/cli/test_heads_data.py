@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -161,7 +162,8 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
     from entmtp.calibrate._headdata import read_head_data, record_trajectories
     from entmtp.calibrate._heads import load_heads
     from entmtp.calibrate._model import load_base_model
-    from entmtp.calibrate._train import head_accuracy
+    from entmtp.calibrate._train import head_accuracy, head_ranks
+    from entmtp.treesearch import expected_accept_length, reference_tree
 
     rows = write_rows(tmp_path / "mix.jsonl.gz")
     folder = tmp_path / "data"
@@ -181,6 +183,17 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
         expected = head_accuracy(heads, [t for t in trajectories if t.source == "gsm8k"])
         assert rows_by_source["gsm8k"] == [vars(a) for a in expected]
         assert rows_by_source["all"] == [vars(a) for a in head_accuracy(heads, trajectories)]
+        accept = json.loads(report.read_text())["accept_length"][str(path)]["mc_sim_7b_63"]
+        mc_sim = reference_tree("mc_sim_7b_63")
+        gsm8k = head_ranks(heads, [t for t in trajectories if t.source == "gsm8k"], topk=10)
+        assert accept["gsm8k"] == pytest.approx(expected_accept_length(mc_sim, gsm8k.ranks))
+        assert accept["all"] == pytest.approx(
+            head_ranks(heads, trajectories, topk=10).accept_length(mc_sim))
+    assert "mc_sim_7b_63: mean accept length replayed" in result.output
+    assert "x)" in result.output  # the second heads' ratio to the first
+    one_line_error(invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", folder,
+                           "--heads", tiny_medusa_dir, "--tree", "no_such_tree"]),
+                   "no shipped reference tree 'no_such_tree'")
     # one new token: deeper heads have nothing to score on the self-distilled sources
     short = tmp_path / "short"
     assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,

@@ -111,6 +111,12 @@ def test_canonical_order_shape_and_lookup(sample) -> None:
     assert len(tree) == tree.num_nodes == len(paths)
     assert tree.depth == max((len(p) for p in paths), default=0)
     assert list(tree.widths) == [sum(len(p) == d for p in paths) for d in range(1, tree.depth + 1)]
+    assert tree.min_topk == max((max(p) + 1 for p in paths), default=0)
+    if paths:
+        tree.check_fits(topk=tree.min_topk)
+    if tree.min_topk > 1:
+        with pytest.raises(EntmtpError):
+            tree.check_fits(topk=tree.min_topk - 1)
     for i, path in enumerate(tree.paths, start=1):
         assert tree.index(path) == i and list(path) in tree
     assert (99,) not in tree
