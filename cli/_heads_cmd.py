@@ -329,7 +329,6 @@ def eval_command(
     device, _ = check_device_and_dtype(device, dtype)
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
-    from entmtp.calibrate import accuracy_table as markdown_table
     from entmtp.calibrate import (
         HeadRanks,
         head_ranks,
@@ -338,6 +337,7 @@ def eval_command(
         read_head_data_index,
         record_trajectories,
     )
+    from entmtp.calibrate import accuracy_table as markdown_table
     from entmtp.core import atomic_write_json
     from entmtp.treesearch import reference_tree
 

@@ -16,6 +16,26 @@ import numpy as np
 from entmtp.treesearch import EntmtpError
 
 
+def carryover_balanced_orders(count: int) -> list[list[int]]:
+    """Run orders of ``count`` methods (a Williams design): every method takes every place
+    equally often and follows every other method equally often, so what one method leaves
+    behind (a large tree's buffers in the caches, a warm allocator) is no fixed neighbour's
+    bias. ``count`` rows for an even count, ``2 * count`` (each row and its mirror) for odd."""
+    if count < 1:
+        raise EntmtpError(f"need at least one method to order, got {count}")
+    first, low, high = [0], 1, count - 1
+    while low <= high:
+        first.append(low)
+        low += 1
+        if low <= high:
+            first.append(high)
+            high -= 1
+    rows = [[(m + shift) % count for m in first] for shift in range(count)]
+    if count % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
 def ratio_of_rates(tokens_a: Sequence[float], ms_a: Sequence[float],
                    tokens_b: Sequence[float], ms_b: Sequence[float]) -> float:
     """Rate of ``a`` over rate of ``b``, each its total tokens over its total time."""

@@ -18,6 +18,8 @@ import numpy as np
 
 from entmtp.treesearch import LatencyModel, Profile, ReplayResult, Schedule, Tree, replay
 
+from ._paired import carryover_balanced_orders
+
 # Medusa's drafting default (FasterDecoding/Medusa, TOPK = 10): the reference trees' candidates.
 REFERENCE_TOPK = 10
 WARMUP_TOKENS = 4  # tokens of the unmeasured warm-up run of each method
@@ -144,9 +146,10 @@ def run_side_by_side(
     max_new_tokens: int,
     progress: RunProgress | None = None,
 ) -> list[MethodRuns]:
-    """Every method on every prompt, interleaved: prompt ``p`` runs the methods in an order
-    rotated by ``p``, so drift in machine load spreads over all methods. Each method first
-    decodes a few tokens unmeasured (warm-up: lazy initialisation, plan caches)."""
+    """Every method on every prompt, interleaved: prompt ``p`` runs the methods in row
+    ``p`` (cycled) of a carryover-balanced design, so drift in machine load and the state one
+    method leaves the next spread over all methods. Each method first decodes a few tokens
+    unmeasured (warm-up: lazy initialisation, plan caches)."""
     runs = [MethodRuns(m) for m in methods]
     if not prompts:
         return runs
@@ -157,9 +160,9 @@ def run_side_by_side(
         method.run(prompts[0].ids, min(WARMUP_TOKENS, max_new_tokens))
     slots: list[list[Any]] = [[None] * len(prompts) for _ in methods]
     produced, seconds = 0, 0.0
+    orders = carryover_balanced_orders(len(methods))
     for p, prompt in enumerate(prompts):
-        shift = p % len(methods)
-        for m in [*range(shift, len(methods)), *range(shift)]:
+        for m in orders[p % len(orders)]:
             result = methods[m].run(prompt.ids, max_new_tokens)
             slots[m][p] = result
             produced += len(result.tokens)

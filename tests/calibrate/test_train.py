@@ -9,13 +9,13 @@ import torch
 
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import (
+    HeadRanks,
     Trajectory,
     _batch_vocab,
     _examples,
     _prefixes,
     fit_heads,
     generate_trajectories,
-    HeadRanks,
     head_accuracy,
     head_ranks,
     load_trajectories,

@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entmtp.runtime._paired import paired_ratio_interval, ratio_of_rates
+from entmtp.runtime._paired import (
+    carryover_balanced_orders,
+    paired_ratio_interval,
+    ratio_of_rates,
+)
 from entmtp.treesearch import EntmtpError
 
 
@@ -72,3 +76,25 @@ def test_interval_holds_the_point_estimate_and_narrows_with_more_prompts():
 def test_bad_input_is_one_line(args, message):
     with pytest.raises(EntmtpError, match=message):
         paired_ratio_interval(*args)
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_run_orders_balance_places_and_predecessors(count):
+    from collections import Counter
+
+    rows = carryover_balanced_orders(count)
+    assert len(rows) == (2 * count if count % 2 else count)
+    assert all(sorted(row) == list(range(count)) for row in rows)
+    per_place = len(rows) // count
+    for place in range(count):
+        assert Counter(row[place] for row in rows) == {m: per_place for m in range(count)}
+    follows = Counter((a, b) for row in rows for a, b in zip(row[:-1], row[1:], strict=True))
+    expected = len(rows) // count  # each ordered pair of distinct methods
+    pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
+    assert {pair: follows[pair] for pair in pairs} == {pair: expected for pair in pairs}
+    assert sum(follows.values()) == len(pairs) * expected
+
+
+def test_run_orders_need_a_method():
+    with pytest.raises(EntmtpError, match="at least one method"):
+        carryover_balanced_orders(0)

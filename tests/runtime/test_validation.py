@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 from entmtp.runtime._decode import StepLog
+from entmtp.runtime._paired import carryover_balanced_orders
 from entmtp.runtime._validation import (
+    EncodedPrompt,
+    Method,
     compare_steps,
     quartiles,
+    run_side_by_side,
     step_spread,
     step_times_by_tree,
     step_tokens,
@@ -136,3 +140,25 @@ def test_step_spread_is_the_median_and_interquartile_range_of_every_step():
     empty = step_spread([SimpleNamespace(step_log=[])])
     assert empty.steps == 0 and np.isnan(empty.median_ms) and np.isnan(empty.iqr_ms)
     assert all(np.isnan(q) for q in quartiles([]))
+
+
+def test_side_by_side_runs_each_prompt_in_a_balanced_order():
+    calls: list[tuple[str, int, int]] = []
+
+    def method(name: str) -> Method:
+        def run(ids, max_new_tokens):
+            calls.append((name, ids[0], max_new_tokens))
+            return SimpleNamespace(tokens=[1] * max_new_tokens, prefill_ms=1.0, decode_ms=2.0)
+        return Method(name, run)
+
+    methods = [method(name) for name in "abc"]
+    prompts = [EncodedPrompt(index=p, prompt_id=str(p), ids=[100 + p]) for p in range(8)]
+    runs = run_side_by_side(methods, prompts, max_new_tokens=5)
+    warm, measured = calls[:3], calls[3:]
+    assert [name for name, _, _ in warm] == ["a", "b", "c"]
+    orders = carryover_balanced_orders(3)
+    for p in range(8):
+        ran = measured[3 * p:3 * p + 3]
+        assert [name for name, _, _ in ran] == ["abc"[m] for m in orders[p % len(orders)]]
+        assert all(first == 100 + p and count == 5 for _, first, count in ran)
+    assert [len(run.results) for run in runs] == [8, 8, 8]
