@@ -8,11 +8,10 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from entmtp.core import HEAD_TYPES, EntmtpError, dtype_name
+from entmtp.core import ENGINES, HEAD_TYPES, EntmtpError, dtype_name
 
 # Heads trained for the default model, shipped as package data (see trees/heads/README.md).
 SHIPPED_HEADS = {"medusa": "smollm2-135m-medusa", "hydra": "smollm2-135m-hydra"}
-ENGINES = ("auto", "static", "eager")
 
 
 def check_engine(engine: str) -> str:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from entmtp.calibrate import check_latency_model, measure_latency, retarget_run, source_run
-from entmtp.core import SYNTHETIC_LABEL, EntmtpError, all_or_none, hardware_label
+from entmtp.core import STATIC_ENGINE, SYNTHETIC_LABEL, EntmtpError, all_or_none, hardware_label
 from entmtp.treesearch import MAX_TREE_NODES, LatencyModel, load_bundle
 
 from ._errors import user_errors
@@ -225,7 +225,7 @@ def latency(
     console.print(f"padded widths: {measured.padding_summary or 'none (each tree at its own)'}")
     if hw.get("runtime_note"):
         console.print(f"[dim]timed the steps of: {hw['runtime_note']}[/dim]")
-    if hw.get("engine") == "static" and measured.fused_empty_ms is not None:
+    if hw.get("engine") == STATIC_ENGINE and measured.fused_empty_ms is not None:
         console.print("heads prepared for a draft-entropy choice: inside each step (the static "
                       "engine's steps prepare the next at their end)")
     elif measured.prepare_ms_by_depth:

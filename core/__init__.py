@@ -33,13 +33,24 @@ from ._hardware import (
     hardware_slug,
     parse_cpuinfo,
 )
-from ._names import DTYPE_ALIASES, DTYPE_NAMES, HEAD_TYPES, dtype_name
+from ._names import (
+    DTYPE_ALIASES,
+    DTYPE_NAMES,
+    EAGER_ENGINE,
+    ENGINES,
+    HEAD_TYPES,
+    STATIC_ENGINE,
+    dtype_name,
+)
 
 __all__ = [
     "DTYPE_ALIASES",
     "DTYPE_NAMES",
     "EXTRA_OF_MODULE",
     "HEAD_TYPES",
+    "ENGINES",
+    "STATIC_ENGINE",
+    "EAGER_ENGINE",
     "MACHINE_KEYS",
     "SYNTHETIC_LABEL",
     "CpuInfo",

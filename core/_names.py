@@ -6,6 +6,12 @@ from ._errors import EntmtpError
 
 HEAD_TYPES = ("medusa", "hydra")
 
+# The decoding runtimes (``--engine``; a latency file's ``hardware.engine`` records which one
+# was measured): the static-shape engine (Llama family; CUDA graphs on a GPU), the eager decoder
+# (any architecture), and "auto", the static engine wherever the model allows it.
+STATIC_ENGINE, EAGER_ENGINE = "static", "eager"
+ENGINES = ("auto", STATIC_ENGINE, EAGER_ENGINE)
+
 # torch's dtype names: what profiles, latency files and heads folders record.
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # Every spelling a user may give, lower case, to its torch name (the torch dtypes themselves are

@@ -54,7 +54,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from entmtp.calibrate import entropy_from_logits, greedy_steps
-from entmtp.core import EntmtpError
+from entmtp.core import EAGER_ENGINE, ENGINES, STATIC_ENGINE, EntmtpError
 from entmtp.treesearch import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
@@ -80,7 +80,6 @@ from ._verify import (
 )
 
 MODES = ("greedy", "typical", "rejection")
-ENGINES = ("auto", "static", "eager")
 SAMPLING_NOTE = "sampling modes (typical, rejection) run on the eager runtime"
 
 
@@ -515,10 +514,10 @@ def _static_reason(model: torch.nn.Module, engine: str) -> str | None:
     """None when greedy decoding of ``model`` runs on the static runtime, else why not."""
     if engine not in ENGINES:
         raise EntmtpError(f"engine {engine!r} is unknown: use one of {', '.join(ENGINES)}")
-    if engine == "eager":
+    if engine == EAGER_ENGINE:
         return "engine='eager' was asked for"
     reason = static_support(model)
-    if reason is not None and engine == "static":
+    if reason is not None and engine == STATIC_ENGINE:
         raise EntmtpError(f"engine='static' cannot run {type(model).__name__}: {reason}; use "
                           "engine='auto' or 'eager'")
     return reason

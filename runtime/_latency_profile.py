@@ -85,7 +85,7 @@ import numpy as np
 import torch
 
 from entmtp.calibrate import entropy_from_logits, uses_few_row_kernel
-from entmtp.core import EntmtpError, describe_machine
+from entmtp.core import EAGER_ENGINE, STATIC_ENGINE, EntmtpError, describe_machine
 from entmtp.treesearch import LatencyModel, LatencyPoint, Tree, with_padding
 
 from ._decode import DecodingState, SpeculativeDecoder
@@ -456,7 +456,7 @@ class _StaticSteps:
         engine = self.engine
         log = engine.capture_log
         return {
-            "engine": "static", "graphs": engine.graphs,
+            "engine": STATIC_ENGINE, "graphs": engine.graphs,
             "window": "full" if engine.full_window else "filled",
             "cache_capacity": engine.capacity,
             "graph_captures": len(log),
@@ -510,7 +510,7 @@ class _EagerSteps:
         return elapsed
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "eager", "graphs": False, "booking": EAGER_BOOKING}
+        return {"engine": EAGER_ENGINE, "graphs": False, "booking": EAGER_BOOKING}
 
 
 def _point(timer: _StepTimer, key: _Key, times: Sequence[float]) -> LatencyPoint:

@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from entmtp.core import EntmtpError, atomic_write_json
+from entmtp.core import STATIC_ENGINE, EntmtpError, atomic_write_json
 
 from ._readers import check_values, read_json, require, short
 
@@ -278,7 +278,7 @@ class LatencyModel:
         it, timed in the same rounds), at least 0. A depth-``d`` tree's step reads ``d + 1``
         rows' entropies, so this one row's figure is a lower bound on its saving. 0 on other
         engines, whose empty-tree step also pays the eager decoder's bookkeeping."""
-        if self.hardware.get("engine") != "static":
+        if self.hardware.get("engine") != STATIC_ENGINE:
             return 0.0
         return max(self.verify_ms[0] - self.autoregressive_ms, 0.0)
 
