@@ -104,8 +104,14 @@ def train(
     prompts: int = typer.Option(64, "--prompts", help="Prompts per task."),
     mode: str = typer.Option("self-distill", "--mode", help="self-distill (learn the model's "
                              "own greedy continuations) or text (teacher-force the prompts)."),
-    num_heads: int = typer.Option(4, "--num-heads"),
-    num_layers: int = typer.Option(1, "--num-layers", help="ResBlocks per head."),
+    num_heads: int | None = typer.Option(None, "--num-heads", help="Heads to train (default "
+                                         "4, or --init-heads' count)."),
+    num_layers: int | None = typer.Option(None, "--num-layers", help="ResBlocks per head "
+                                          "(default 1, or --init-heads' count)."),
+    init_heads: Path | None = typer.Option(None, "--init-heads", help="Start from this entmtp "
+                                           "heads folder of the same type instead of random "
+                                           "heads (go on training with more data, another "
+                                           "--loss or --lr)."),
     epochs: int = typer.Option(3, "--epochs"),
     lr: float = typer.Option(1e-3, "--lr"),
     batch_size: int = typer.Option(256, "--batch-size", help="Positions per optimizer step."),
@@ -140,8 +146,11 @@ def train(
     console = Console()
     if head_type not in HEAD_TYPES:
         raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-    if num_heads < 1 or num_layers < 1:
+    if (num_heads is not None and num_heads < 1) or (num_layers is not None and num_layers < 1):
         raise EntmtpError("--num-heads and --num-layers must be at least 1")
+    if init_heads is not None and not init_heads.is_dir():
+        raise EntmtpError(f"--init-heads {init_heads} is not a folder: give an entmtp heads "
+                          "folder (config.json + heads.safetensors)")
     if max_new_tokens < 1:
         raise EntmtpError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if not (math.isfinite(lr) and lr > 0):
@@ -169,11 +178,10 @@ def train(
     else:
         items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
-    from entmtp.calibrate import new_heads, save_heads, train_heads, train_on_trajectories
+    from entmtp.calibrate import save_heads, train_heads, train_on_trajectories
 
     base = load_base(model, device=device, dtype=dtype)
-    heads = new_heads(base.model, head_type=head_type, num_heads=num_heads,
-                      num_layers=num_layers, seed=seed)
+    heads, init = _initial_heads(base, head_type, num_heads, num_layers, init_heads, seed)
     started = time.perf_counter()
     source: dict[str, Any]
     with StageProgress(console) as progress:
@@ -208,6 +216,7 @@ def train(
         "device": device,
         "dtype": dtype_name,  # the base model's; the heads trained in float32
         **source,
+        **init,
         "wall_seconds": time.perf_counter() - started,
     }
     path = save_heads(heads, out, extra=training)
@@ -221,6 +230,27 @@ def train(
         console.print("no held-out trajectories: raise --heldout-fraction or --prompts for an "
                       "accuracy table")
     console.print(f"wrote {path}")
+
+
+def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers: int | None,
+                   init_heads: Path | None, seed: int) -> tuple[Any, dict[str, Any]]:
+    """(the heads training starts from, the record of where they came from)."""
+    from entmtp.calibrate import load_heads, new_heads
+
+    if init_heads is None:
+        heads = new_heads(base.model, head_type=head_type, num_heads=num_heads or 4,
+                          num_layers=num_layers or 1, seed=seed)
+        return heads, {}
+    heads = load_heads(init_heads, base.model)
+    if heads.head_type != head_type:
+        raise EntmtpError(f"--init-heads {init_heads} holds {heads.head_type} heads, not "
+                          f"{head_type}: give --type {heads.head_type} or other heads")
+    for option, asked, held in (("--num-heads", num_heads, heads.num_heads),
+                                ("--num-layers", num_layers, heads.num_layers)):
+        if asked is not None and asked != held:
+            raise EntmtpError(f"{option} {asked} differs from --init-heads {init_heads}, which "
+                              f"has {held}: leave {option} out to keep its count")
+    return heads, {"init_heads": {"path": str(init_heads), "sha256": heads.sha256()}}
 
 
 @heads_app.command("data")

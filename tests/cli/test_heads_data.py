@@ -133,6 +133,46 @@ def test_hidden_cache_is_written_once_and_serves_later_runs(tiny_model_dir, tmp_
                            "--out", tmp_path / "h"]), "is a folder")
 
 
+def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
+    """--init-heads starts from the folder's weights (a vanishing lr leaves them as they were),
+    records where it started, and refuses heads of another type or shape in one line."""
+    from safetensors.torch import load_file
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 6, "--out", folder]).exit_code == 0
+
+    def train(out, *extra):
+        return invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
+                       "--from-data", folder, "--epochs", 1, "--batch-size", 8,
+                       "--heldout-fraction", 0.2, *extra, "--out", out])
+
+    start = tmp_path / "start"
+    assert train(start, "--num-heads", 2, "--num-layers", 2, "--seed", 5).exit_code == 0
+    kept = train(tmp_path / "kept", "--init-heads", start, "--lr", 1e-12)
+    assert kept.exit_code == 0, kept.output
+    moved = train(tmp_path / "moved", "--init-heads", start, "--num-heads", 2, "--lr", 0.05)
+    assert moved.exit_code == 0, moved.output
+    before, after, trained = (load_file(tmp_path / name / "heads.safetensors")
+                              for name in ("start", "kept", "moved"))
+    assert before.keys() == after.keys() == trained.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert any(not torch.equal(before[k], trained[k]) for k in before)
+    start_sha = json.loads((start / "config.json").read_text())["sha256"]
+    record = json.loads((tmp_path / "kept" / "config.json").read_text())["training"]
+    assert record["init_heads"] == {"path": str(start), "sha256": start_sha}
+
+    one_line_error(invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                           "--from-data", folder, "--init-heads", start,
+                           "--out", tmp_path / "h"]), "holds medusa heads")
+    one_line_error(train(tmp_path / "h", "--init-heads", start, "--num-layers", 1),
+                   "--num-layers 1 differs")
+    one_line_error(train(tmp_path / "h", "--init-heads", tmp_path / "nowhere"),
+                   "is not a folder")
+    assert not (tmp_path / "h").exists()
+
+
 def test_other_models_data_and_bad_input_are_one_line_errors(tiny_model_dir, tmp_path):
     rows = write_rows(tmp_path / "mix.jsonl.gz")
     folder = tmp_path / "data"
