@@ -15,6 +15,11 @@ it fits any GPU and a CPU). On a CPU the vocabulary projection dominates the tim
 per example and head), so ``softmax_vocab="batch"`` normalises over a subset instead: the most
 frequent tokens of the trajectories, each batch's targets and uniformly sampled negatives.
 Evaluation always ranks over the full vocabulary.
+
+With ``distill_topk`` > 0 the target is the base model's own distribution at the target
+position instead of its one token (a teacher-distillation objective, as Hydra++ trains with):
+the softmax of the shared lm_head over the cached final-norm hidden state there, cut to its
+top-k tokens and renormalised, precomputed once for every position.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class TrainReport:
     heldout_trajectories: int
     heldout_positions: int
     softmax_vocab: str
+    distill_topk: int = 0
     epoch_losses: list[float] = field(default_factory=list)
     heldout: list[HeadAccuracy] = field(default_factory=list)
     generation_seconds: float = 0.0
@@ -342,6 +348,7 @@ def fit_heads(
     softmax_vocab: str = "full",
     frequent_tokens: int = 1024,
     random_negatives: int = 4096,
+    distill_topk: int = 0,
     progress: Progress | None = None,
 ) -> list[float]:
     """Train ``heads`` in place on cached trajectories; returns the mean loss of each epoch.
@@ -351,7 +358,9 @@ def fit_heads(
     the softmax is normalised over: "batch" (the ``frequent_tokens`` most frequent tokens of the
     trajectories, the batch's targets and ``random_negatives`` tokens drawn uniformly afresh for
     each batch, so that no token escapes the push-down: cheapest), "seen" (every token of the
-    trajectories) or "full".
+    trajectories) or "full". ``distill_topk`` > 0 trains on the base model's top-k distribution
+    at each target position (``teacher_topk``; its tokens join a "batch" vocabulary) instead of
+    the one token.
 
     The heads train, and stay, in float32 whatever the base model's dtype (they are cast in
     place): AdamW's steps are far below a bf16 weight's resolution (8 significant bits, so a
@@ -362,8 +371,14 @@ def fit_heads(
     """
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise EntmtpError("training needs epochs >= 1, batch_size >= 1 and lr > 0")
+    if distill_topk < 0:
+        raise EntmtpError(f"distill_topk must be 0 (no distillation) or more, got {distill_topk}")
+    if distill_topk and softmax_vocab == "seen":
+        raise EntmtpError("distillation's targets are any tokens of the vocabulary: use the "
+                          "'batch' or 'full' softmax with it, not 'seen'")
     heads.float()
     examples = _examples(trajectories, heads.num_heads)
+    teacher = teacher_topk(heads, examples.hidden, distill_topk) if distill_topk else None
     vocab_ids, targets = _softmax_vocab(examples, heads.vocab_size, softmax_vocab)
     frequent = _frequent_tokens(examples, frequent_tokens) if softmax_vocab == "batch" else None
     parameters = [p for p in heads.parameters() if p.requires_grad]
@@ -395,13 +410,22 @@ def fit_heads(
                 hidden = examples.hidden[rows].to(device, dtype)
                 batch_targets = targets[picked]
                 batch_vocab = vocab_ids
+                soft = None
+                if teacher is not None:
+                    # the teacher's top-k at position row + d: head d's target position
+                    at = (rows[:, None] + torch.arange(1, heads.num_heads + 1)).clamp(
+                        max=len(examples.tokens) - 1)
+                    soft = (teacher.ids[at].long(), teacher.probs[at])  # [n, heads, k] each
                 if frequent is not None:
                     negatives = torch.randint(
                         0, heads.vocab_size, (random_negatives,), generator=generator
                     )
-                    batch_vocab, batch_targets = _batch_vocab(
-                        torch.cat([frequent, negatives]), batch_targets
-                    )
+                    always = [frequent, negatives]
+                    if soft is not None:
+                        always.append(soft[0][batch_targets >= 0].reshape(-1))
+                    batch_vocab, batch_targets = _batch_vocab(torch.cat(always), batch_targets)
+                    if soft is not None:
+                        soft = (torch.searchsorted(batch_vocab, soft[0]), soft[1])
                 loss = torch.zeros((), device=device)
                 for depth in range(1, heads.num_heads + 1):
                     target = batch_targets[:, depth - 1]
@@ -413,7 +437,13 @@ def fit_heads(
                     logits = heads.project(
                         depth, features, None if batch_vocab is None else batch_vocab.to(device)
                     )
-                    loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
+                    if soft is None:
+                        loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
+                        continue
+                    log_probs = F.log_softmax(logits.float(), dim=-1)
+                    columns = soft[0][valid, depth - 1].to(device)
+                    weights = soft[1][valid, depth - 1].to(device)
+                    loss = loss - (weights * log_probs.gather(1, columns)).sum(-1).mean()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -427,6 +457,35 @@ def fit_heads(
     finally:
         heads.eval()
     return losses
+
+
+@dataclass
+class TeacherTopK:
+    """The base model's next-token distribution at every position, cut to its top-k."""
+
+    ids: Tensor  # [M, k] int32 token ids, most likely first
+    probs: Tensor  # [M, k] float32, renormalised over the k tokens (rows sum to 1)
+
+
+@torch.no_grad()
+def teacher_topk(heads: DraftHeads, hidden: Tensor, k: int, *,
+                 batch_size: int = 4096) -> TeacherTopK:
+    """Top-``k`` of softmax(lm_head(hidden)) for each row of ``hidden`` [M, H] (final-norm
+    states: the base model's own distribution), through the heads' shared lm_head."""
+    if not heads.shared_lm_head:
+        raise EntmtpError("distillation reads the base model's distribution through the lm_head "
+                          "the heads share; these heads have their own projections")
+    weight, bias = heads.projection_weight(1)
+    k = min(int(k), weight.shape[0])
+    ids = torch.empty((hidden.shape[0], k), dtype=torch.int32)
+    probs = torch.empty((hidden.shape[0], k), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], batch_size):
+        chunk = hidden[start:start + batch_size].to(weight.device, weight.dtype)
+        logits = F.linear(chunk, weight, bias).float()
+        top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        ids[start:start + batch_size] = top.indices.to(torch.int32).cpu()
+        probs[start:start + batch_size] = (top.values / top.values.sum(-1, keepdim=True)).cpu()
+    return TeacherTopK(ids=ids, probs=probs)
 
 
 def _softmax_vocab(
@@ -569,6 +628,7 @@ def train_heads(
     generation_batch_size: int = 16,
     max_length: int = 512,
     softmax_vocab: str = "full",
+    distill_topk: int = 0,
 ) -> TrainReport:
     """Train ``heads`` in place (in float32: see ``fit_heads``) on ``base`` (frozen, in its own
     dtype and device) and report held-out accuracy per head.
@@ -595,7 +655,7 @@ def train_heads(
     report = train_on_trajectories(
         heads, trajectories, mode=mode, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
         max_new_tokens=max_new_tokens, progress=progress, heldout_fraction=heldout_fraction,
-        softmax_vocab=softmax_vocab,
+        softmax_vocab=softmax_vocab, distill_topk=distill_topk,
     )
     report.generation_seconds = time.perf_counter() - started - report.training_seconds
     return report
@@ -614,6 +674,7 @@ def train_on_trajectories(
     progress: Progress | None = None,
     heldout_fraction: float = 0.1,
     softmax_vocab: str = "full",
+    distill_topk: int = 0,
 ) -> TrainReport:
     """Train ``heads`` in place on ready trajectories (in memory or read from head data) and
     report held-out accuracy on a seeded ``heldout_fraction`` of them."""
@@ -627,6 +688,7 @@ def train_on_trajectories(
         batch_size=batch_size,
         seed=seed,
         softmax_vocab=softmax_vocab,
+        distill_topk=distill_topk,
         progress=progress,
     )
     trained = time.perf_counter()
@@ -645,6 +707,7 @@ def train_on_trajectories(
         heldout_trajectories=len(heldout),
         heldout_positions=sum(len(t) for t in heldout),
         softmax_vocab=softmax_vocab,
+        distill_topk=distill_topk,
         epoch_losses=losses,
         heldout=accuracy,
         training_seconds=trained - started,

@@ -123,6 +123,9 @@ def train(
     loss: str = typer.Option("full", "--loss", help="full (cross-entropy over the whole "
                              "vocabulary), or batch (frequent + target + sampled tokens: "
                              "several times cheaper on a CPU) or seen (tokens of the data)."),
+    distill: int = typer.Option(0, "--distill", help="Learn the base model's distribution "
+                                "at each target (its top-K tokens, renormalised) instead of its "
+                                "one token; 0: the token alone."),
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per teacher-forced "
                                       "forward when reading --from-data."),
     hidden_cache: Path | None = typer.Option(None, "--hidden-cache", help="With --from-data: "
@@ -163,6 +166,9 @@ def train(
         raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
     if forward_batch < 1:
         raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
+    if distill < 0 or (distill and loss == "seen"):
+        raise EntmtpError(f"--distill {distill} with --loss {loss}: give a top-K of at least 1 "
+                          "(0: no distillation) with --loss full or batch")
     if hidden_cache is not None and from_data is None:
         raise EntmtpError("--hidden-cache keeps the hidden states of --from-data: give both")
     if hidden_cache is not None and hidden_cache.is_dir():
@@ -194,7 +200,7 @@ def train(
             report = train_on_trajectories(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, progress=progress,
-                heldout_fraction=heldout_fraction, softmax_vocab=loss,
+                heldout_fraction=heldout_fraction, softmax_vocab=loss, distill_topk=distill,
             )
             index = head_data.index
             source = {"head_data": {"plan_sha256": index["plan_sha256"],
@@ -207,6 +213,7 @@ def train(
                 base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, max_new_tokens=max_new_tokens,
                 progress=progress, heldout_fraction=heldout_fraction, softmax_vocab=loss,
+                distill_topk=distill,
             )
             source = {"tasks": None if data else list(task), "data": data, "split": split,
                       "prompts": len(items)}

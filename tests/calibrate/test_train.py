@@ -21,6 +21,7 @@ from entmtp.calibrate._train import (
     load_trajectories,
     save_trajectories,
     split_heldout,
+    teacher_topk,
     text_trajectories,
     train_heads,
 )
@@ -247,6 +248,102 @@ def test_fit_learns_a_learnable_map_and_leaves_base_untouched(head_type, softmax
         assert new.top1 > old.top1 and new.top1 > 0.9 and new.top5 >= new.top1
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not heads.training
+
+
+def test_teacher_topk_is_the_base_models_own_distribution(base):
+    trajectories = generate_trajectories(base, random_prompts(3, seed=21), max_new_tokens=6)
+    hidden = torch.cat([t.hidden for t in trajectories])
+    tokens = torch.cat([t.tokens for t in trajectories])
+    heads = new_heads(base, head_type="medusa", num_heads=2)
+    teacher = teacher_topk(heads, hidden, 4, batch_size=5)
+    assert teacher.ids.shape == teacher.probs.shape == (len(tokens), 4)
+    # the greedy token a state chose is its distribution's most likely one
+    assert torch.equal(teacher.ids[:, 0].long(), tokens)
+    with torch.no_grad():
+        top = torch.softmax(base.lm_head(hidden), dim=-1).topk(4, dim=-1)
+    assert torch.equal(teacher.ids.long(), top.indices)
+    torch.testing.assert_close(teacher.probs, top.values / top.values.sum(-1, keepdim=True))
+    own = new_heads(base, head_type="medusa", num_heads=2, shared_lm_head=False)
+    with pytest.raises(EntmtpError, match="their own projections"):
+        teacher_topk(own, hidden, 4)
+
+
+def soft_cross_entropy(heads, examples, teacher_ids, teacher_probs) -> float:
+    """Brute force: sum over heads of the mean over positions of -sum_k q_k log p(id_k), the
+    teacher read at the target position s + d."""
+    total = 0.0
+    with torch.no_grad():
+        for depth in range(1, heads.num_heads + 1):
+            terms = []
+            for i, s in enumerate(examples.rows.tolist()):
+                if examples.targets[i, depth - 1] < 0:
+                    continue
+                log_p = torch.log_softmax(
+                    heads.head_logits(depth, examples.hidden[s:s + 1], None)[0], dim=-1)
+                ids, probs = teacher_ids[s + depth].long(), teacher_probs[s + depth]
+                terms.append(float(-(probs * log_p[ids]).sum()))
+            total += sum(terms) / len(terms)
+    return total
+
+
+def test_distillation_loss_is_the_teachers_cross_entropy_at_the_target_position():
+    model = make_tiny_llama(seed=22)
+    heads = new_heads(model, head_type="medusa", num_heads=3, seed=1)
+    every_token = Trajectory(hidden=torch.randn(VOCAB, 32), tokens=torch.arange(VOCAB))
+    data = [*random_trajectories(5, seed=23), every_token]
+    examples = _examples(data, heads.num_heads)
+    full = teacher_topk(heads, examples.hidden, VOCAB)
+    expected = soft_cross_entropy(heads, examples, full.ids, full.probs)
+    # one batch holding every position and a vanishing step: the epoch's loss is the loss
+    # of the untouched heads
+    losses = fit_heads(heads, data, epochs=1, lr=1e-12, batch_size=len(examples.rows),
+                       softmax_vocab="full", distill_topk=VOCAB)
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    # a top-k teacher in a batch vocabulary of every token (all are frequent: each occurs in
+    # the data) is the top-k cross-entropy
+    top = teacher_topk(heads, examples.hidden, 6)
+    losses = fit_heads(heads, data, epochs=1, lr=1e-12, batch_size=len(examples.rows),
+                       softmax_vocab="batch", frequent_tokens=VOCAB, random_negatives=1,
+                       distill_topk=6)
+    assert losses[0] == pytest.approx(soft_cross_entropy(heads, examples, top.ids, top.probs),
+                                      rel=1e-5)
+
+
+@pytest.mark.parametrize(("softmax_vocab", "k"), [("full", VOCAB), ("batch", 8)])
+def test_distillation_learns_the_teachers_distribution(softmax_vocab, k):
+    model = make_tiny_llama(seed=22)
+    heads = new_heads(model, head_type="medusa", num_heads=2, seed=1)
+    data = cyclic_trajectories(model, count=12, length=20, period=5, seed=23)
+    with torch.no_grad():  # states whose distributions are peaked, not near uniform
+        scale = 3.0 / float(model.lm_head(data[0].hidden).std())
+    data = [Trajectory(hidden=t.hidden * scale, tokens=t.tokens) for t in data]
+    examples = _examples(data, heads.num_heads)
+    teacher = teacher_topk(heads, examples.hidden, k)  # the distribution it is trained on
+
+    def distance() -> float:
+        return soft_cross_entropy(heads, examples, teacher.ids, teacher.probs)
+
+    before = distance()
+    losses = fit_heads(heads, data, epochs=30, lr=1e-2, batch_size=64, seed=0,
+                       softmax_vocab=softmax_vocab, frequent_tokens=2, random_negatives=4,
+                       distill_topk=k)
+    assert losses[-1] < losses[0]
+    floor = 0.0  # the teacher's own entropy: the least the cross-entropy can be
+    for depth in (1, 2):
+        probs = teacher.probs[examples.rows[examples.targets[:, depth - 1] >= 0] + depth]
+        floor += float(-(probs * probs.clamp(min=1e-30).log()).sum(-1).mean())
+    after = distance()
+    assert after - floor < 0.2 * (before - floor), (before, after, floor)
+
+
+def test_distillation_needs_a_vocabulary_that_holds_its_targets():
+    model = make_tiny_llama(seed=24)
+    heads = new_heads(model, head_type="medusa", num_heads=2)
+    data = cyclic_trajectories(model, count=2, length=6, period=3, seed=25)
+    with pytest.raises(EntmtpError, match="'seen'"):
+        fit_heads(heads, data, softmax_vocab="seen", distill_topk=4)
+    with pytest.raises(EntmtpError, match="distill_topk"):
+        fit_heads(heads, data, distill_topk=-1)
 
 
 def test_batch_vocab_reindexes_targets():

@@ -163,6 +163,13 @@ def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
     record = json.loads((tmp_path / "kept" / "config.json").read_text())["training"]
     assert record["init_heads"] == {"path": str(start), "sha256": start_sha}
 
+    distilled = train(tmp_path / "distilled", "--init-heads", start, "--distill", 4,
+                      "--loss", "batch")
+    assert distilled.exit_code == 0, distilled.output
+    record = json.loads((tmp_path / "distilled" / "config.json").read_text())["training"]
+    assert record["distill_topk"] == 4 and record["softmax_vocab"] == "batch"
+    one_line_error(train(tmp_path / "h", "--distill", 4, "--loss", "seen"), "--distill 4")
+    one_line_error(train(tmp_path / "h", "--distill", -1), "--distill -1")
     one_line_error(invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
                            "--from-data", folder, "--init-heads", start,
                            "--out", tmp_path / "h"]), "holds medusa heads")
