@@ -371,27 +371,35 @@ def cached_trajectories(
     """``record_trajectories`` of ``head_data``, kept in the file ``cache`` (None: not kept).
 
     The teacher-forced forward costs more than training on a CPU; the file lets later runs
-    (the other head type, other settings) skip it. It is used only when it was made from the
-    same shards of the same data (whose plan digest names the model it was made for, which
-    ``read_head_data`` checked), in the same dtype on the same kind of device; otherwise it is
-    refused, never silently recomputed over.
+    (the other head type, other settings) skip it. It is used when it was made from the same
+    data (whose plan digest names the model it was made for, which ``read_head_data``
+    checked), in the same dtype on the same kind of device: as it is for the same shards, or,
+    when it holds the first shards of a run that has finished more since, extended by the
+    forward of the new shards only. Anything else is refused, never silently recomputed over.
     """
     module = _unwrap_base(base)
     weight = module.get_input_embeddings().weight
     index = head_data.index
+    shards = [entry["file"] for entry in index["shards"]]
     key = {"format": "entmtp-hidden-states", "plan_sha256": index["plan_sha256"],
-           "shards": [entry["file"] for entry in index["shards"]],
-           "dtype": dtype_name(weight.dtype), "device": weight.device.type}
+           "shards": shards, "dtype": dtype_name(weight.dtype), "device": weight.device.type}
     path = None if cache is None else Path(cache)
+    kept: list[Trajectory] = []
+    records = head_data.records
     if path is not None and path.exists():
         stored = trajectories_key(path)
-        if stored != key:  # the plan digest covers the model the data was made for
+        if stored == key:
+            return load_trajectories(path)
+        held = (stored or {}).get("shards")
+        if not (isinstance(held, list) and held and shards[:len(held)] == held
+                and {**stored, "shards": shards} == key):
             raise EntmtpError(
                 f"--hidden-cache {path} holds hidden states of other head data, shards, dtype "
                 "or device: delete it or name another file")
-        return load_trajectories(path)
-    trajectories = record_trajectories(base, head_data.records, batch_size=batch_size,
-                                       progress=progress)
+        kept = load_trajectories(path)
+        records = records[sum(entry["records"] for entry in index["shards"][:len(held)]):]
+    trajectories = kept + record_trajectories(base, records, batch_size=batch_size,
+                                              progress=progress)
     if path is not None:
         save_trajectories(path, trajectories, key=key)
     return trajectories

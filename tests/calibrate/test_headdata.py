@@ -12,6 +12,8 @@ import torch
 from entmtp.calibrate._headdata import (
     INDEX_NAME,
     DataItem,
+    HeadData,
+    cached_trajectories,
     make_records,
     read_head_data,
     record_trajectories,
@@ -180,3 +182,37 @@ def test_cached_data_trains_the_same_heads_as_in_memory_data(base, tmp_path, hea
         trained.append(heads.state_dict())
     for name, tensor in trained[0].items():
         assert torch.equal(tensor, trained[1][name]), name
+
+
+def test_hidden_cache_of_the_first_shards_is_extended_by_the_new_shards_only(
+        base, tmp_path, monkeypatch):
+    from entmtp.calibrate import _headdata
+
+    write_head_data(base, tmp_path / "d", items(10, seed=8), max_new_tokens=5, shard_size=3)
+    whole = read_head_data(tmp_path / "d", base)
+    first_two = whole.index["shards"][:2]
+    early = HeadData(index={**whole.index, "shards": first_two, "complete": False},
+                     records=whole.records[:sum(entry["records"] for entry in first_two)])
+    cache = tmp_path / "hidden.safetensors"
+    assert len(cached_trajectories(base, early, cache)) == 6
+    forwarded = []
+    real = _headdata.record_trajectories
+    monkeypatch.setattr(_headdata, "record_trajectories",
+                        lambda b, records, **k: forwarded.append(records) or real(b, records, **k))
+    extended = cached_trajectories(base, whole, cache)
+    assert forwarded == [whole.records[6:]]  # the two new shards' records, nothing else
+    fresh = real(base, whole.records)
+    assert len(extended) == len(fresh) == 10
+    for got, want in zip(extended, fresh, strict=True):
+        assert torch.equal(got.tokens, want.tokens) and got.source == want.source
+        torch.testing.assert_close(got.hidden, want.hidden, atol=1e-5, rtol=1e-5)
+    forwarded.clear()
+    again = cached_trajectories(base, whole, cache)  # now the whole data's cache: read as is
+    assert forwarded == [] and all(torch.equal(a.hidden, b.hidden)
+                                   for a, b in zip(again, extended, strict=True))
+    with pytest.raises(EntmtpError, match="other head data, shards"):
+        cached_trajectories(base, early, cache)  # a cache of more shards than the data has
+    skipped = HeadData(index={**whole.index, "shards": whole.index["shards"][1:]},
+                       records=whole.records[3:])
+    with pytest.raises(EntmtpError, match="other head data, shards"):
+        cached_trajectories(base, skipped, cache)  # its shards are no continuation of the cache's
