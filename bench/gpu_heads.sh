@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Heads for the default model trained on a GPU, in one prepared script (issue 24): generate
 # self-distilled greedy data (`entmtp heads data`), train Medusa and Hydra heads on it
-# (`entmtp heads train --from-data`, full-vocabulary loss, both at once) and bring the heads back
+# (`entmtp heads train --from-data`, full-vocabulary loss against the base model's top-16 distribution, both at once) and bring the heads back
 # in fp16, with held-out trajectories of the four tasks and the held-out accuracy of the shipped
 # and the new heads on them (`entmtp heads eval`), side by side.
 #
@@ -58,6 +58,7 @@ MAX_ANSWER_TOKENS=${MAX_ANSWER_TOKENS:-448}
 GEN_BATCH=${GEN_BATCH:-2048}
 SHARD=${SHARD:-2048}                     # prompts per shard: one generation batch, ~30 s
 GEN_SECONDS=${GEN_SECONDS:-270}
+DISTILL=${DISTILL:-16}                   # the teacher's top-K targets (trees/heads/README.md); 0: tokens
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}         # held-out prompts per task (gpu_check's PROMPTS)
 EVAL_NEW_TOKENS=${EVAL_NEW_TOKENS:-128}
 EPOCHS=${EPOCHS:-2}
@@ -102,7 +103,7 @@ PYTHON
     for type in $HEAD_TYPES; do
         timeout "$TRAIN_SECONDS" "${ENTMTP[@]}" heads train --type "$type" --from-data "$data" \
             --allow-unfinished --epochs "$EPOCHS" --batch-size "$TRAIN_BATCH" --lr "$LR" \
-            --loss full --forward-batch "$FORWARD_BATCH" --heldout-fraction 0.02 \
+            --loss full --distill "$DISTILL" --forward-batch "$FORWARD_BATCH" --heldout-fraction 0.02 \
             --device "$DEVICE" --dtype "$DTYPE" --out "$results/heads/smollm2-135m-$type" \
             > "$results/train-$type.log" 2>&1 &
         pids+=($!)
