@@ -133,13 +133,19 @@ def test_examples_targets_and_prefixes_match_brute_force():
         assert torch.equal(examples.tokens[rows + depth], examples.targets[valid, depth - 1])
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_head_accuracy_matches_brute_force(head_type):
-    model = make_tiny_llama(seed=6)
-    heads = new_heads(model, head_type=head_type, num_heads=3)
+def perturbed_heads(head_type: str, seed: int):
+    """Three heads on a tiny model, their weights moved off the identity-like start so that
+    ranks spread over the vocabulary."""
+    heads = new_heads(make_tiny_llama(seed=seed), head_type=head_type, num_heads=3)
     with torch.no_grad():
         for parameter in heads.parameters():
             parameter.add_(torch.randn(parameter.shape) * 0.3)
+    return heads
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_head_accuracy_matches_brute_force(head_type):
+    heads = perturbed_heads(head_type, seed=6)
     trajectories = random_trajectories(7, seed=7)
     got = head_accuracy(heads, trajectories, batch_size=5)
     for depth in (1, 2, 3):
@@ -192,11 +198,7 @@ def brute_force_accept_length(tree, ranks):
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
 def test_head_ranks_and_accept_length_match_brute_force(head_type):
-    model = make_tiny_llama(seed=16)
-    heads = new_heads(model, head_type=head_type, num_heads=3)
-    with torch.no_grad():
-        for parameter in heads.parameters():
-            parameter.add_(torch.randn(parameter.shape) * 0.3)
+    heads = perturbed_heads(head_type, seed=16)
     trajectories = random_trajectories(6, seed=17)
     got = head_ranks(heads, trajectories, topk=7, batch_size=4)
     ranks, scored = brute_force_ranks(heads, trajectories, topk=7)
