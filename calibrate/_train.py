@@ -326,9 +326,15 @@ def _examples(trajectories: Sequence[Trajectory], num_heads: int) -> _Examples:
     remaining = torch.repeat_interleave(starts + lengths, lengths) - 1 - index
     rows = index[remaining >= 1]
     depth = torch.arange(1, num_heads + 1)
-    gather = (rows[:, None] + depth).clamp(max=len(tokens) - 1)
+    gather = _target_positions(rows, num_heads, len(tokens))
     targets = torch.where(depth <= remaining[rows, None], tokens[gather], -1)
     return _Examples(hidden=hidden, tokens=tokens, rows=rows, targets=targets)
+
+
+def _target_positions(rows: Tensor, num_heads: int, length: int) -> Tensor:
+    """[n, num_heads] position ``row + d`` of head d's target, clamped to the last of
+    ``length`` positions (a target past its trajectory's end is -1 in ``_Examples.targets``)."""
+    return (rows[:, None] + torch.arange(1, num_heads + 1)).clamp(max=length - 1)
 
 
 def _prefixes(examples: _Examples, rows: Tensor, depth: int) -> Tensor:
@@ -412,9 +418,7 @@ def fit_heads(
                 batch_vocab = vocab_ids
                 soft = None
                 if teacher is not None:
-                    # the teacher's top-k at position row + d: head d's target position
-                    at = (rows[:, None] + torch.arange(1, heads.num_heads + 1)).clamp(
-                        max=len(examples.tokens) - 1)
+                    at = _target_positions(rows, heads.num_heads, len(examples.tokens))
                     soft = (teacher.ids[at].long(), teacher.probs[at])  # [n, heads, k] each
                 if frequent is not None:
                     negatives = torch.randint(
