@@ -9,7 +9,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from entmtp.treesearch import EntmtpError
@@ -27,6 +26,7 @@ from ._model_setup import (
     check_outputs,
     load_base,
 )
+from ._progress import progress_bar
 from .app import app
 
 heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: make training data, train "
@@ -54,8 +54,7 @@ class StageProgress:
     """``(stage, done, total)`` callbacks as one rich bar per stage."""
 
     def __init__(self, console: Console) -> None:
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        self.bar = progress_bar(console, rate=False)
         self.jobs: dict[str, Any] = {}
 
     def __enter__(self) -> StageProgress:

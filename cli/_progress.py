@@ -1,9 +1,15 @@
 """How the commands show progress: a pipeline ``Event`` as a rich progress bar, a spinner, a
-dim note or a warning on stderr."""
+dim note or a warning on stderr. Where the console is no terminal (a log file, a pipe) a bar
+would only show at its end, so progress comes as plain lines instead, at most one a
+``LINE_INTERVAL_S`` per bar, as a job of an hour run under ``nohup`` needs."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -19,17 +25,98 @@ from rich.status import Status
 
 from entmtp.calibrate import Event
 
+LINE_INTERVAL_S = 30.0
 
-def progress_bar(console: Console) -> Progress:
+
+def progress_bar(console: Console, *, rate: bool = True) -> Progress | LineProgress:
+    """A bar per task (``add_task``, ``update``); with ``rate`` a text field ``rate`` beside it.
+    On a console that is no terminal, a ``LineProgress`` with the same calls."""
+    if not console.is_terminal:
+        return LineProgress(console)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
+        *([TextColumn("{task.fields[rate]}")] if rate else []),
         TimeElapsedColumn(),
         console=console,
         transient=False,
     )
+
+
+@dataclass
+class _LineTask:
+    description: str
+    total: int
+    completed: int
+    fields: dict[str, Any]
+    started: float  # clock seconds
+    printed: float | None = None  # clock seconds of the last line, None before the first
+    finished: bool = False  # its line at completed == total is out
+
+
+class LineProgress:
+    """``rich.progress.Progress``'s ``add_task`` / ``update`` / ``start`` / ``stop`` as plain
+    lines ("training: 120/7569 (2%) 41.0 tok/s 1:05"): one when a task is added, then at most one
+    per ``interval_s`` while it advances, and one when it completes or the display stops."""
+
+    def __init__(self, console: Console, *, interval_s: float = LINE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self.interval_s = interval_s
+        self.clock = clock
+        self.tasks: list[_LineTask] = []
+
+    def add_task(self, description: str, total: int, **fields: Any) -> int:
+        self.tasks.append(_LineTask(description, int(total), 0, dict(fields), self.clock()))
+        self._line(self.tasks[-1])
+        return len(self.tasks) - 1
+
+    def update(self, task_id: int, *, completed: int | None = None, advance: int = 0,
+               total: int | None = None, **fields: Any) -> None:
+        task = self.tasks[task_id]
+        task.completed = int(completed) if completed is not None else task.completed + advance
+        task.total = int(total) if total is not None else task.total
+        task.fields.update(fields)
+        if task.total and task.completed >= task.total:
+            if not task.finished:
+                task.finished = True
+                self._line(task)
+        elif task.printed is None or self.clock() - task.printed >= self.interval_s:
+            self._line(task)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        """The last state of every task that has not printed its completion."""
+        for task in self.tasks:
+            if not task.finished and task.printed is not None and task.completed:
+                task.finished = True
+                self._line(task)
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _line(self, task: _LineTask) -> None:
+        now = self.clock()
+        task.printed = now
+        share = f" ({100 * task.completed // task.total}%)" if task.total else ""
+        rate = str(task.fields.get("rate") or "")
+        parts = [f"{task.description}: {task.completed}/{task.total}{share}", rate,
+                 _elapsed(now - task.started)]
+        self.console.print(" ".join(part for part in parts if part), markup=False,
+                           highlight=False)
+
+
+def _elapsed(seconds: float) -> str:
+    """h:mm:ss or m:ss, as rich's elapsed column writes it."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def warn(text: str) -> None:
@@ -42,8 +129,8 @@ class ConsoleReporter:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self._bar: Progress | None = None
-        self._job: TaskID | None = None
+        self._bar: Progress | LineProgress | None = None
+        self._job: TaskID | int | None = None
         self._status: Status | None = None
 
     def __call__(self, event: Event) -> None:
@@ -57,6 +144,8 @@ class ConsoleReporter:
             self._bar = progress_bar(self.console)
             self._bar.start()
             self._job = self._bar.add_task(event.text, total=event.total, rate="")
+        elif event.kind == "begin" and not self.console.is_terminal:
+            self.console.print(event.text, markup=False, highlight=False)
         elif event.kind == "begin":
             self._status = self.console.status(event.text)
             self._status.start()

@@ -52,6 +52,9 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
                    "--max-new-tokens", 6, "--max-answer-tokens", 8, "--generation-batch", 2,
                    "--shard-size", 2, "--out", folder])
     assert made.exit_code == 0, made.output
+    # the output is no terminal: progress as lines a log keeps, not a bar drawn at the end
+    assert "generating trajectories: 3/3 (100%)" in made.output
+    assert "generating trajectories ━" not in made.output
     base = load_base_model(tiny_model_dir)
     data = read_head_data(folder, base)
     assert [r.source for r in data.records] == ["code", "lit", "gsm8k", "mix", "chat"]
@@ -72,6 +75,8 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
                           "--from-data", folder, "--num-heads", 2, "--epochs", 1,
                           "--batch-size", 8, "--heldout-fraction", 0.2, "--out", out])
         assert trained.exit_code == 0, trained.output
+        assert any(line.startswith("training: ") and "(100%)" in line
+                   for line in trained.output.splitlines()), trained.output
         heads = load_heads(out, base.model)
         training = json.loads((out / "config.json").read_text())["training"]
         assert heads.head_type == head_type and training["softmax_vocab"] == "full"
