@@ -66,7 +66,8 @@ class StageProgress:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage not in self.jobs:
-            self.jobs[stage] = self.bar.add_task(STAGE_NAMES.get(stage, stage), total=total)
+            self.jobs[stage] = self.bar.add_task(STAGE_NAMES.get(stage, stage), total=total,
+                                                 completed=done)
         self.bar.update(self.jobs[stage], completed=done, total=total)
 
 

@@ -51,7 +51,8 @@ class _LineTask:
     completed: int
     fields: dict[str, Any]
     started: float  # clock seconds
-    printed: float | None = None  # clock seconds of the last line, None before the first
+    printed: float = 0.0  # clock seconds of the last line (one is printed when it is added)
+    shown: int = -1  # completed as of the last line
     finished: bool = False  # its line at completed == total is out
 
 
@@ -67,9 +68,11 @@ class LineProgress:
         self.clock = clock
         self.tasks: list[_LineTask] = []
 
-    def add_task(self, description: str, total: int, **fields: Any) -> int:
-        self.tasks.append(_LineTask(description, int(total), 0, dict(fields), self.clock()))
-        self._line(self.tasks[-1])
+    def add_task(self, description: str, total: int, completed: int = 0, **fields: Any) -> int:
+        task = _LineTask(description, int(total), int(completed), dict(fields), self.clock())
+        task.finished = bool(task.total) and task.completed >= task.total
+        self.tasks.append(task)
+        self._line(task)
         return len(self.tasks) - 1
 
     def update(self, task_id: int, *, completed: int | None = None, advance: int = 0,
@@ -82,16 +85,16 @@ class LineProgress:
             if not task.finished:
                 task.finished = True
                 self._line(task)
-        elif task.printed is None or self.clock() - task.printed >= self.interval_s:
+        elif self.clock() - task.printed >= self.interval_s:
             self._line(task)
 
     def start(self) -> None:
         pass
 
     def stop(self) -> None:
-        """The last state of every task that has not printed its completion."""
+        """The last state of every unfinished task that advanced since its last line."""
         for task in self.tasks:
-            if not task.finished and task.printed is not None and task.completed:
+            if not task.finished and task.completed != task.shown:
                 task.finished = True
                 self._line(task)
 
@@ -103,7 +106,7 @@ class LineProgress:
 
     def _line(self, task: _LineTask) -> None:
         now = self.clock()
-        task.printed = now
+        task.printed, task.shown = now, task.completed
         share = f" ({100 * task.completed // task.total}%)" if task.total else ""
         rate = str(task.fields.get("rate") or "")
         parts = [f"{task.description}: {task.completed}/{task.total}{share}", rate,

@@ -76,6 +76,19 @@ def test_a_task_whose_total_grows_finishes_once_at_the_new_total_and_hours_show(
     assert lines(out) == ["forward: 0/0 0:00", "forward: 5/5 (100%) 2:01:01"]
 
 
+def test_a_resumed_task_starts_at_its_count_and_nothing_repeats_a_line():
+    console, out = log_console()
+    clock = FakeClock()
+    bar = LineProgress(console, interval_s=30.0, clock=clock)
+    resumed = bar.add_task("generating trajectories", total=32, completed=23)
+    done = bar.add_task("forward", total=4, completed=4)
+    clock.now = 1.0
+    bar.update(resumed, completed=23, total=32)
+    bar.update(done, completed=4, total=4)
+    bar.stop()
+    assert lines(out) == ["generating trajectories: 23/32 (71%) 0:00", "forward: 4/4 (100%) 0:00"]
+
+
 def test_a_terminal_gets_rich_bars_and_anything_else_gets_lines():
     assert isinstance(progress_bar(Console(file=io.StringIO(), force_terminal=True)), Progress)
     assert isinstance(progress_bar(log_console()[0]), LineProgress)
