@@ -51,7 +51,7 @@ def accuracy_table(report: Any) -> Table:
 
 
 class StageProgress:
-    """``(stage, done, total)`` callbacks as one rich bar per stage."""
+    """``(stage, done, total)`` callbacks as one progress bar (or log line) per stage."""
 
     def __init__(self, console: Console) -> None:
         self.bar = progress_bar(console, rate=False)

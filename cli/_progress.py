@@ -1,7 +1,7 @@
 """How the commands show progress: a pipeline ``Event`` as a rich progress bar, a spinner, a
 dim note or a warning on stderr. Where the console is no terminal (a log file, a pipe) a bar
-would only show at its end, so progress comes as plain lines instead, at most one a
-``LINE_INTERVAL_S`` per bar, as a job of an hour run under ``nohup`` needs."""
+would only show at its end, so progress comes as plain lines instead, at most one per bar
+every ``LINE_INTERVAL_S`` seconds: what a job of an hour run under ``nohup`` needs."""
 
 from __future__ import annotations
 
