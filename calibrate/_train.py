@@ -384,7 +384,8 @@ def fit_heads(
                           "'batch' or 'full' softmax with it, not 'seen'")
     heads.float()
     examples = _examples(trajectories, heads.num_heads)
-    teacher = teacher_topk(heads, examples.hidden, distill_topk) if distill_topk else None
+    teacher = (teacher_topk(heads, examples.hidden, distill_topk, progress=progress)
+               if distill_topk else None)
     vocab_ids, targets = _softmax_vocab(examples, heads.vocab_size, softmax_vocab)
     frequent = _frequent_tokens(examples, frequent_tokens) if softmax_vocab == "batch" else None
     parameters = [p for p in heads.parameters() if p.requires_grad]
@@ -472,10 +473,11 @@ class TeacherTopK:
 
 
 @torch.no_grad()
-def teacher_topk(heads: DraftHeads, hidden: Tensor, k: int, *,
-                 batch_size: int = 4096) -> TeacherTopK:
+def teacher_topk(heads: DraftHeads, hidden: Tensor, k: int, *, batch_size: int = 4096,
+                 progress: Progress | None = None) -> TeacherTopK:
     """Top-``k`` of softmax(lm_head(hidden)) for each row of ``hidden`` [M, H] (final-norm
-    states: the base model's own distribution), through the heads' shared lm_head."""
+    states: the base model's own distribution), through the heads' shared lm_head; reports the
+    rows done as stage "teacher" (a full-vocabulary projection of every row: minutes on a CPU)."""
     if not heads.shared_lm_head:
         raise EntmtpError("distillation reads the base model's distribution through the lm_head "
                           "the heads share; these heads have their own projections")
@@ -483,12 +485,15 @@ def teacher_topk(heads: DraftHeads, hidden: Tensor, k: int, *,
     k = min(int(k), weight.shape[0])
     ids = torch.empty((hidden.shape[0], k), dtype=torch.int32)
     probs = torch.empty((hidden.shape[0], k), dtype=torch.float32)
-    for start in range(0, hidden.shape[0], batch_size):
+    rows = hidden.shape[0]
+    _report(progress, "teacher", 0, rows)
+    for start in range(0, rows, batch_size):
         chunk = hidden[start:start + batch_size].to(weight.device, weight.dtype)
         logits = F.linear(chunk, weight, bias).float()
         top = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
         ids[start:start + batch_size] = top.indices.to(torch.int32).cpu()
         probs[start:start + batch_size] = (top.values / top.values.sum(-1, keepdim=True)).cpu()
+        _report(progress, "teacher", min(start + batch_size, rows), rows)
     return TeacherTopK(ids=ids, probs=probs)
 
 

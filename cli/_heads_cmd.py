@@ -34,7 +34,7 @@ heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: make training d
 app.add_typer(heads_app, name="heads")
 
 STAGE_NAMES = {"generate": "generating trajectories", "forward": "teacher-forced forward",
-               "train": "training"}
+               "teacher": "teacher distribution", "train": "training"}
 LOSSES = ("full", "batch", "seen")
 
 

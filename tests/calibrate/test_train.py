@@ -257,8 +257,12 @@ def test_teacher_topk_is_the_base_models_own_distribution(base):
     hidden = torch.cat([t.hidden for t in trajectories])
     tokens = torch.cat([t.tokens for t in trajectories])
     heads = new_heads(base, head_type="medusa", num_heads=2)
-    teacher = teacher_topk(heads, hidden, 4, batch_size=5)
+    reports: list[tuple[str, int, int]] = []
+    teacher = teacher_topk(heads, hidden, 4, batch_size=5,
+                           progress=lambda *report: reports.append(report))
     assert teacher.ids.shape == teacher.probs.shape == (len(tokens), 4)
+    rows = len(tokens)
+    assert reports == [("teacher", done, rows) for done in [0, *range(5, rows, 5), rows]]
     # the greedy token a state chose is its distribution's most likely one
     assert torch.equal(teacher.ids[:, 0].long(), tokens)
     with torch.no_grad():

@@ -171,6 +171,8 @@ def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
     distilled = train(tmp_path / "distilled", "--init-heads", start, "--distill", 4,
                       "--loss", "batch")
     assert distilled.exit_code == 0, distilled.output
+    assert any(line.startswith("teacher distribution: ") and "(100%)" in line
+               for line in distilled.output.splitlines()), distilled.output
     record = json.loads((tmp_path / "distilled" / "config.json").read_text())["training"]
     assert record["distill_topk"] == 4 and record["softmax_vocab"] == "batch"
     one_line_error(train(tmp_path / "h", "--distill", 4, "--loss", "seen"), "--distill 4")
