@@ -483,9 +483,9 @@ def teacher_topk(heads: DraftHeads, hidden: Tensor, k: int, *, batch_size: int =
                           "the heads share; these heads have their own projections")
     weight, bias = heads.projection_weight(1)
     k = min(int(k), weight.shape[0])
-    ids = torch.empty((hidden.shape[0], k), dtype=torch.int32)
-    probs = torch.empty((hidden.shape[0], k), dtype=torch.float32)
     rows = hidden.shape[0]
+    ids = torch.empty((rows, k), dtype=torch.int32)
+    probs = torch.empty((rows, k), dtype=torch.float32)
     _report(progress, "teacher", 0, rows)
     for start in range(0, rows, batch_size):
         chunk = hidden[start:start + batch_size].to(weight.device, weight.dtype)
