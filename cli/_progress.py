@@ -59,7 +59,8 @@ class _LineTask:
 class LineProgress:
     """``rich.progress.Progress``'s ``add_task`` / ``update`` / ``start`` / ``stop`` as plain
     lines ("training: 120/7569 (2%) 41.0 tok/s 1:05"): one when a task is added, then at most one
-    per ``interval_s`` while it advances, and one when it completes or the display stops."""
+    per ``interval_s`` while it is updated, one when it completes, and one at stop if its count
+    moved since its last line."""
 
     def __init__(self, console: Console, *, interval_s: float = LINE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
