@@ -133,6 +133,12 @@ class DraftHeads(nn.Module):
         self._loaded_identity: tuple[str, str] | None = None
         # Kept in a tuple so that nn.Module does not register (store, hash, move) base weights.
         self._shared_lm_head: tuple[nn.Module, ...] = (lm_head,) if lm_head is not None else ()
+        # Draft vocabulary (sorted token ids [V'] int64), or None for the whole vocabulary.
+        self.register_buffer("draft_vocab", None)
+        # (key, (weight [V', hidden], bias [V'] or None)) per projection: the rows of the draft
+        # vocabulary, kept until the weight changes (see ``draft_projection_weight``).
+        self._draft_rows: dict[int, tuple[tuple[Any, ...], tuple[Tensor, Tensor | None]]] = {}
+        self._draft_column_table: tuple[tuple[Any, ...], Tensor] | None = None
         self.proj: nn.ModuleList | None = None
         if lm_head is None:
             self.proj = nn.ModuleList(
@@ -177,14 +183,81 @@ class DraftHeads(nn.Module):
             bias = bias[vocab_ids] if bias is not None else None
         return project_rows(features.to(weight.dtype), weight, bias)
 
+    @property
+    def draft_vocab_size(self) -> int:
+        """Columns of ``head_logits``: the draft vocabulary's size, else the vocabulary's."""
+        return self.vocab_size if self.draft_vocab is None else int(self.draft_vocab.numel())
+
+    def set_draft_vocab(self, token_ids: Tensor | None) -> None:
+        """Draft over ``token_ids`` only (1-D, distinct, in ``0..vocab_size - 1``; stored
+        sorted), or over the whole vocabulary with None. Part of the heads' identity (sha256)."""
+        self._draft_rows.clear()
+        self._draft_column_table = None
+        if token_ids is None:
+            self.draft_vocab = None
+            return
+        ids = torch.as_tensor(token_ids).detach().to("cpu")
+        problem = draft_vocab_problem(ids, self.vocab_size)
+        if problem is not None:
+            raise EntmtpError(f"draft vocabulary: {problem}")
+        device = next(self.parameters()).device
+        self.draft_vocab = torch.sort(ids.to(torch.int64)).values.to(device)
+
+    def draft_projection_weight(self, depth: int) -> tuple[Tensor, Tensor | None]:
+        """(weight [V', hidden], bias [V'] or None): head ``depth``'s projection restricted to
+        the draft vocabulary (``projection_weight`` without one). The rows are copied once and
+        kept while the weight is unchanged, so a step reads V' rows, not the whole matrix."""
+        weight, bias = self.projection_weight(depth)
+        if self.draft_vocab is None:
+            return weight, bias
+        slot = 0 if self._shared_lm_head else depth
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device,
+               None if bias is None else (bias.data_ptr(), bias._version),
+               self.draft_vocab.data_ptr(), self.draft_vocab.device)
+        cached = self._draft_rows.get(slot)
+        if cached is None or cached[0] != key:
+            vocab = self.draft_vocab.to(weight.device)
+            with torch.no_grad():
+                rows = (weight.detach()[vocab].contiguous(),
+                        None if bias is None else bias.detach()[vocab].contiguous())
+            cached = (key, rows)
+            self._draft_rows[slot] = cached
+        return cached[1]
+
+    def draft_token_ids(self, columns: Tensor) -> Tensor:
+        """Token ids of ``head_logits`` columns (any shape, int64)."""
+        if self.draft_vocab is None:
+            return columns
+        return self.draft_vocab.to(columns.device)[columns]
+
+    def draft_columns(self, token_ids: Tensor) -> Tensor:
+        """``head_logits`` column of each token id (any shape), -1 for a token outside the
+        draft vocabulary or a negative id."""
+        if self.draft_vocab is None:
+            return token_ids
+        vocab = self.draft_vocab
+        key = (vocab.data_ptr(), vocab.device)
+        if self._draft_column_table is None or self._draft_column_table[0] != key:
+            table = torch.full((self.vocab_size,), -1, dtype=torch.int64, device=vocab.device)
+            table[vocab] = torch.arange(len(vocab), device=vocab.device)
+            self._draft_column_table = (key, table)
+        table = self._draft_column_table[1].to(token_ids.device)
+        ids = token_ids.long()
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        return torch.where(inside, table[ids.clamp(0, self.vocab_size - 1)],
+                           torch.full_like(ids, -1))
+
     def head_logits(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
-        """[N, vocab_size] logits of head ``depth`` (1-based).
+        """[N, draft_vocab_size] logits of head ``depth`` (1-based) over the draft vocabulary
+        (``draft_token_ids`` maps a column to its token; without one, column = token id).
 
         hidden: [N, hidden_size] base final-norm hidden state at the last accepted position.
         prefix_tokens: [N, depth] the root token then the drafted tokens at depths
         1..depth-1 (Hydra reads them; Medusa ignores them and accepts None).
         """
-        return self.project(depth, self.head_features(depth, hidden, prefix_tokens))
+        features = self.head_features(depth, hidden, prefix_tokens)  # checks depth first
+        weight, bias = self.draft_projection_weight(depth)
+        return project_rows(features.to(weight.dtype), weight, bias)
 
     def config_dict(self) -> dict[str, Any]:
         """The structural fields of the entmtp config (no file-level metadata)."""
@@ -195,6 +268,8 @@ class DraftHeads(nn.Module):
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
             "shared_lm_head": self.shared_lm_head,
+            # Only with a draft vocabulary, so heads without one keep their identity.
+            **({} if self.draft_vocab is None else {"draft_vocab_size": self.draft_vocab_size}),
         }
 
     def sha256(self) -> str:
@@ -264,15 +339,17 @@ class MedusaHeads(DraftHeads):
         return self.blocks[depth - 1](hidden.to(self.dtype))
 
     def all_head_logits(self, hidden: Tensor) -> Tensor:
-        """[num_heads, N, vocab_size] logits of every head (one projection when shared)."""
+        """[num_heads, N, draft_vocab_size] logits of every head (one projection when shared)."""
         features = torch.stack(
             [self.head_features(d, hidden, None) for d in range(1, self.num_heads + 1)]
         )
         if self.shared_lm_head:
-            weight, bias = self.projection_weight(1)
+            weight, bias = self.draft_projection_weight(1)
             return F.linear(features.to(weight.dtype), weight, bias)
         return torch.stack(
-            [self.project(d, features[d - 1]) for d in range(1, self.num_heads + 1)]
+            [project_rows(features[d - 1].to(self.draft_projection_weight(d)[0].dtype),
+                          *self.draft_projection_weight(d))
+             for d in range(1, self.num_heads + 1)]
         )
 
 
@@ -336,6 +413,47 @@ class HydraHeads(DraftHeads):
 
     def config_dict(self) -> dict[str, Any]:
         return {**super().config_dict(), "grounded": self.grounded}
+
+
+MIN_DRAFT_VOCAB = 64  # at least every top-k a tree or a profile takes
+
+
+def draft_vocab_problem(token_ids: Tensor, vocab_size: int) -> str | None:
+    """Why ``token_ids`` cannot be a draft vocabulary of a ``vocab_size`` model, or None."""
+    if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex \
+            or token_ids.dtype == torch.bool:
+        return f"token ids must be integers, got {token_ids.dtype}"
+    if token_ids.dim() != 1:
+        return f"token ids must be one list, got shape {tuple(token_ids.shape)}"
+    count = int(token_ids.numel())
+    if not MIN_DRAFT_VOCAB <= count <= vocab_size:
+        return f"it must hold {MIN_DRAFT_VOCAB} to {vocab_size} tokens, got {count}"
+    ids = token_ids.to(torch.int64)
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        return (f"token ids must lie in 0..{vocab_size - 1}, got {int(ids.min())} .. "
+                f"{int(ids.max())}")
+    if int(torch.unique(ids).numel()) != count:
+        return "a token id appears twice"
+    return None
+
+
+def draft_projection_weight(heads: Any, depth: int) -> tuple[Tensor, Tensor | None]:
+    """Head ``depth``'s projection over its draft vocabulary, for any heads object with a
+    ``projection_weight`` (heads without a draft vocabulary: the whole projection)."""
+    if hasattr(heads, "draft_projection_weight"):
+        return heads.draft_projection_weight(depth)
+    return heads.projection_weight(depth)
+
+
+def draft_token_ids(heads: Any, columns: Tensor) -> Tensor:
+    """Token ids of ``heads.head_logits`` columns (the same tensor without a draft vocabulary)."""
+    return heads.draft_token_ids(columns) if hasattr(heads, "draft_token_ids") else columns
+
+
+def draft_columns(heads: Any, token_ids: Tensor) -> Tensor:
+    """``heads.head_logits`` column of each token id, -1 outside the draft vocabulary (the same
+    tensor without one)."""
+    return heads.draft_columns(token_ids) if hasattr(heads, "draft_columns") else token_ids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,16 +604,18 @@ def save_heads(
         ) from err
     try:
         state = {
-            name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
+            name: tensor.detach().to("cpu", (dtype or tensor.dtype) if tensor.is_floating_point()
+                                     else tensor.dtype).contiguous()
             for name, tensor in heads.state_dict().items()
         }
+        floating = [tensor for tensor in state.values() if tensor.is_floating_point()]
         config = {
             "format": HEADS_FORMAT,
             "format_version": HEADS_FORMAT_VERSION,
             **heads.config_dict(),
             "base_model": heads.base_model_name,
             "topk_default": int(topk_default),
-            "storage_dtype": dtype_name(next(iter(state.values())).dtype),
+            "storage_dtype": dtype_name(floating[0].dtype),
             "sha256": _weights_sha256(heads.config_dict(), state),
         }
         if extra:
@@ -610,6 +730,11 @@ def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
     return heads
 
 
+def read_heads_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a heads folder (entmtp, Medusa or Hydra), read and checked."""
+    return _read_config(Path(path))
+
+
 def _read_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise EntmtpError(f"heads path {folder} is not a folder; pass the folder that holds "
@@ -693,7 +818,8 @@ def _load_state_into(heads: DraftHeads, state: Mapping[str, Tensor], source: Pat
                 f"head weights {source}: {name} has shape {tuple(state[name].shape)}, expected "
                 f"{tuple(tensor.shape)}; the heads do not fit this base model"
             )
-    heads.load_state_dict({name: state[name].to(torch.float32) for name in expected})
+    heads.load_state_dict({name: state[name].to(torch.float32) if expected[name].is_floating_point()
+                           else state[name] for name in expected})
 
 
 def _load_entmtp(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
@@ -723,9 +849,33 @@ def _load_entmtp(folder: Path, config: Mapping[str, Any], module: nn.Module) -> 
     weights = folder / HEADS_WEIGHTS
     if not weights.is_file():
         raise EntmtpError(f"{folder} has no {HEADS_WEIGHTS}")
-    _load_state_into(heads, _read_state(weights), weights)
+    state = _read_state(weights)
+    heads.set_draft_vocab(_stored_draft_vocab(state, config, folder, vocab_size))
+    _load_state_into(heads, state, weights)
     heads.base_model_name = str(config.get("base_model", ""))
     return heads
+
+
+def _stored_draft_vocab(state: Mapping[str, Tensor], config: Mapping[str, Any], folder: Path,
+                        vocab_size: int) -> Tensor | None:
+    """The stored draft vocabulary (checked against the config's ``draft_vocab_size``)."""
+    ids = state.get("draft_vocab")
+    size = config.get("draft_vocab_size")
+    if ids is None and size is None:
+        return None
+    if ids is None or size is None:
+        where = "config.json" if ids is None else HEADS_WEIGHTS
+        raise EntmtpError(f"{folder}: a draft vocabulary is half stored (nothing in {where}); "
+                          "write the heads again with entmtp heads draft-vocab")
+    problem = draft_vocab_problem(ids, vocab_size)
+    if problem is None and (isinstance(size, bool) or size != int(ids.numel())):
+        problem = f"config.json says draft_vocab_size {size!r} but it holds {int(ids.numel())}"
+    if problem is None and not bool((ids[1:] > ids[:-1]).all()):
+        problem = "token ids are not sorted"
+    if problem is not None:
+        raise EntmtpError(f"{folder}: draft vocabulary: {problem}; write the heads again with "
+                          "entmtp heads draft-vocab")
+    return ids
 
 
 def _same_as_lm_head(weight: Tensor, bias: Tensor | None, lm_head: nn.Module) -> bool:

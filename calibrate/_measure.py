@@ -35,8 +35,34 @@ def describe_hardware(
 def load_for_latency(
     *, model: str | None, heads: str | None, head_type: str, num_heads: int,
     random_weights: bool, dtype: str, device: str, seed: int,
+    draft_vocab_size: int | None = None,
 ) -> tuple[Any, Any, str]:
-    """(causal LM, draft heads, model name) on ``device`` in ``dtype``."""
+    """(causal LM, draft heads, model name) on ``device`` in ``dtype``; ``draft_vocab_size``:
+    random heads draft over that many (random) tokens, as heads with a draft vocabulary do."""
+    if draft_vocab_size is not None and heads is not None:
+        raise EntmtpError("--draft-vocab-size is for random heads: --heads drafts over its own "
+                          "vocabulary; leave one of them out")
+    base, draft, name = _load_for_latency(model=model, heads=heads, head_type=head_type,
+                                          num_heads=num_heads, random_weights=random_weights,
+                                          dtype=dtype, device=device, seed=seed)
+    if draft_vocab_size is not None:
+        import torch
+
+        from ._heads import MIN_DRAFT_VOCAB
+
+        if not MIN_DRAFT_VOCAB <= draft_vocab_size <= draft.vocab_size:
+            raise EntmtpError(f"--draft-vocab-size must be in {MIN_DRAFT_VOCAB}.."
+                              f"{draft.vocab_size} (the vocabulary), got {draft_vocab_size}")
+        generator = torch.Generator().manual_seed(seed)
+        draft.set_draft_vocab(torch.randperm(draft.vocab_size, generator=generator)
+                              [:draft_vocab_size])
+    return base, draft, name
+
+
+def _load_for_latency(
+    *, model: str | None, heads: str | None, head_type: str, num_heads: int,
+    random_weights: bool, dtype: str, device: str, seed: int,
+) -> tuple[Any, Any, str]:
     if random_weights:
         from ._heads import load_heads, new_heads
         from ._random_model import random_model
@@ -59,11 +85,13 @@ def measure_latency(
     context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
     warmup: int | None = None, seed: int = 0, threads: int | None = None,
     remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
+    draft_vocab_size: int | None = None,
 ) -> LatencyModel:
     """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
 
     ``threads``: torch's intra-op CPU threads (None: torch's default). ``engine`` / ``graphs``:
-    the runtime whose steps are timed (``profile_latency``).
+    the runtime whose steps are timed (``profile_latency``). ``draft_vocab_size``: random heads
+    draft over that many tokens (``load_for_latency``).
     """
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
@@ -92,6 +120,7 @@ def measure_latency(
         base, draft, name = load_for_latency(
             model=model, heads=heads, head_type=head_type, num_heads=num_heads,
             random_weights=random_weights, dtype=dtype_name, device=device, seed=seed,
+            draft_vocab_size=draft_vocab_size,
         )
         options = {"node_counts": node_counts, "depths": depths,
                    "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,

@@ -33,6 +33,7 @@ from entmtp.core import (
 from entmtp.treesearch import (
     LatencyModel,
     Profile,
+    ProfileMeta,
     SearchSettings,
     load_bundle,
     make_bundle,
@@ -118,6 +119,22 @@ def check_latency_model(model: LatencyModel, *, strict: bool, source: str) -> li
                           f"{warnings[0]}; {REMEASURE_HINT}")
     return [*(f"{source}: {warning}" for warning in warnings),
             f"{source}: the searched trees may follow noise; {REMEASURE_HINT}"]
+
+
+def draft_vocab_mismatch(meta: ProfileMeta, latency: LatencyModel, *, source: str) -> str | None:
+    """A warning when ``latency`` timed drafting over another number of tokens than the
+    profiled heads draft over (heads made by `entmtp heads draft-vocab` score fewer tokens per
+    draft step, so a latency model of other heads misprices every tree), else None."""
+    if not meta.vocab_size or latency.hardware.get("kind") != "measured":
+        return None
+    drafted = int(meta.extra.get("draft_vocab_size") or meta.vocab_size)
+    # latency files written before the field existed timed the whole vocabulary
+    timed = int(latency.hardware.get("draft_vocab_size") or meta.vocab_size)
+    if drafted == timed:
+        return None
+    return (f"{source} timed drafting over {timed} tokens but the profiled heads draft over "
+            f"{drafted}: its step times are not these heads'; measure it with `entmtp latency "
+            f"--heads` (or --random-weights --draft-vocab-size {drafted})")
 
 
 def _warn(progress: Progress, warnings: list[str]) -> None:
@@ -254,6 +271,8 @@ def search_stage(
         check_writable_target(path)
     profile = Profile.load(run.profile)
     latency = LatencyModel.load(run.latency)
+    mismatch = draft_vocab_mismatch(profile.meta, latency, source=str(run.latency))
+    _warn(progress, [mismatch] if mismatch else [])
     progress(Event("search", "begin",
                    f"searching trees and schedule on {profile.num_positions} positions "
                    f"({settings.schedule_trials} schedule trials)..."))

@@ -32,6 +32,7 @@ from entmtp.core import HEAD_TYPES, EntmtpError, atomic_write
 from entmtp.treesearch import Profile, ProfileMeta, Trace, values_problem
 
 from ._greedy import greedy_generate
+from ._heads import draft_columns
 from ._model import BaseModel, model_fingerprint
 from ._stats import entropy_from_logits, topk_ranks
 from ._tasks import TaskPrompt
@@ -176,8 +177,17 @@ def profile_meta(base: BaseModel, heads: Any, *, task: str, topk: int, split: st
         model=base.name, vocab_size=base.vocab_size, hidden_size=base.hidden_size,
         head_type=heads.head_type, num_heads=heads.num_heads, heads_sha256=heads.sha256(),
         task=task, topk=topk, split=split, max_new_tokens=max_new_tokens, seed=seed,
-        extra={"model_source": base.source, "dtype": str(base.model.dtype).replace("torch.", "")},
+        extra={"model_source": base.source, "dtype": str(base.model.dtype).replace("torch.", ""),
+               **_draft_vocab_record(heads)},
     )
+
+
+def _draft_vocab_record(heads: Any) -> dict[str, int]:
+    """``draft_vocab_size`` of heads that draft over a subset of the vocabulary, else nothing
+    (the profile's latency check compares it with what a latency model timed)."""
+    size = getattr(heads, "draft_vocab_size", None)
+    return {"draft_vocab_size": int(size)} if size is not None and size != heads.vocab_size \
+        else {}
 
 
 def trajectory_traces(model: Any, heads: Any, prompts: Sequence[tuple[Any, Sequence[int]]],
@@ -254,8 +264,8 @@ def score_trajectory(
             if depth == 1:
                 draft_entropy[chunk] = entropy_from_logits(logits).float()
             scored = chunk[chunk + depth < count]
-            ranks[scored, depth - 1] = topk_ranks(logits[: len(scored)],
-                                                  tokens[scored + depth], topk)
+            ranks[scored, depth - 1] = topk_ranks(
+                logits[: len(scored)], draft_columns(heads, tokens[scored + depth]), topk)
     return ScoredTrajectory(entropy.float().cpu().numpy(), ranks.cpu().numpy().astype(np.int16),
                             draft_entropy.cpu().numpy())
 

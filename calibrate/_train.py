@@ -574,10 +574,10 @@ def head_ranks(
     topk: int = 5,
     batch_size: int = 512,
 ) -> HeadRanks:
-    """Rank of the true token ``d`` steps after the root in head ``d``'s full-vocabulary top-k
-    (Hydra fed the true prefix), at every position with at least one future token: the ranks a
-    profile records, so that a tree's accept length replays on them
-    (``treesearch.expected_accept_length``)."""
+    """Rank of the true token ``d`` steps after the root in head ``d``'s top-k over its draft
+    vocabulary (the whole vocabulary without one; Hydra fed the true prefix), at every position
+    with at least one future token: the ranks a profile records, so that a tree's accept length
+    replays on them (``treesearch.expected_accept_length``)."""
     examples = _examples(trajectories, heads.num_heads)
     device, dtype = heads.device, heads.dtype
     ranks = torch.full(examples.targets.shape, -1, dtype=torch.int16)
@@ -591,7 +591,8 @@ def head_ranks(
                 continue
             prefix = _prefixes(examples, rows[valid], depth).to(device)
             logits = heads.head_logits(depth, hidden[valid], prefix)
-            found = topk_ranks(logits, target[valid].to(device), topk).cpu().to(torch.int16)
+            columns = heads.draft_columns(target[valid].to(device))
+            found = topk_ranks(logits, columns, topk).cpu().to(torch.int16)
             ranks[start + torch.nonzero(valid)[:, 0], depth - 1] = found
     return HeadRanks(ranks.numpy(), (examples.targets >= 0).numpy(), topk)
 

@@ -413,6 +413,69 @@ def eval_command(
                                      "heads": accuracies, "accept_length": accept})
 
 
+@heads_app.command("draft-vocab")
+@user_errors
+def draft_vocab_command(
+    heads: Path = typer.Option(..., "--heads", help="Heads folder to draft with fewer tokens."),
+    from_data: Path = typer.Option(..., "--from-data", help="A folder made by `entmtp heads "
+                                   "data` for this model: its targets' frequencies choose the "
+                                   "tokens."),
+    size: int = typer.Option(..., "--size", help="Tokens in the draft vocabulary (the most "
+                             "frequent ones)."),
+    out: Path = typer.Option(..., "--out", help="New heads folder: the same weights, drafting "
+                             "over --size tokens."),
+    model: str | None = MODEL_OPTION,
+    force: bool = FORCE_OPTION,
+) -> None:
+    """Heads that draft over the --size most frequent target tokens of --from-data: each draft
+    step reads that many rows of the vocabulary projection instead of all of them (verification
+    is unchanged, so decoding stays lossless). The new heads have a new sha256: profile and
+    search again for them, and time them with `entmtp latency --draft-vocab-size`.
+
+    Example: entmtp heads draft-vocab --heads trees/heads/smollm2-135m-hydra --from-data data
+    --size 16384 --out heads-16k
+    """
+    import torch
+
+    from entmtp.calibrate import (
+        MIN_DRAFT_VOCAB,
+        check_heads_target,
+        draft_vocab_coverage,
+        frequent_tokens,
+        load_heads,
+        read_head_data,
+        read_head_data_index,
+        read_heads_config,
+        resolve_dtype,
+        save_heads,
+        target_token_counts,
+    )
+
+    read_head_data_index(from_data)
+    check_heads_target(out)
+    base = load_base(model)
+    draft = load_heads(heads, base.model)
+    if not MIN_DRAFT_VOCAB <= size <= draft.vocab_size:
+        raise EntmtpError(f"--size must be in {MIN_DRAFT_VOCAB}..{draft.vocab_size} (the "
+                          f"vocabulary), got {size}")
+    data = read_head_data(from_data, base)
+    counts = target_token_counts(((r.tokens, r.start) for r in data.records), draft.vocab_size)
+    ids = frequent_tokens(counts, size)
+    covered = draft_vocab_coverage(counts, ids)
+    config = read_heads_config(heads)
+    storage = config.get("storage_dtype", "float16")
+    record = {**config.get("training", {}), "draft_vocab": {
+        "size": size, "data": str(from_data), "plan_sha256": data.index["plan_sha256"],
+        "targets": int(counts.sum()), "coverage": covered, "heads": str(heads),
+        "heads_sha256": draft.sha256()}}
+    draft.set_draft_vocab(torch.as_tensor(ids))
+    path = save_heads(draft, out, dtype=resolve_dtype(storage),
+                      topk_default=int(config.get("topk_default", 10)), extra=record)
+    typer.echo(f"{path}: {draft.head_type} heads drafting over {size} of {draft.vocab_size} "
+               f"tokens ({covered:.1%} of the {int(counts.sum())} targets in {from_data}); "
+               f"sha256 {draft.sha256()[:12]}")
+
+
 def accept_length_table(rows: dict[str, dict[str, float]]) -> str:
     """Markdown: one row per heads folder, one column per data source, each later row's ratio
     to the first row's in parentheses."""

@@ -164,6 +164,10 @@ def latency(
     head_type: str = HEAD_TYPE_OPTION,
     num_heads: int = typer.Option(4, "--num-heads", help="Random heads to build "
                                   "(--random-weights without --heads)."),
+    draft_vocab_size: int | None = typer.Option(None, "--draft-vocab-size", help="Random heads "
+                                                "draft over this many tokens, as heads made by "
+                                                "`entmtp heads draft-vocab` do (default: the "
+                                                "whole vocabulary)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     engine: str = ENGINE_OPTION,
@@ -206,7 +210,7 @@ def latency(
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
-            engine=engine, graphs=graphs,
+            engine=engine, graphs=graphs, draft_vocab_size=draft_vocab_size,
         )
     for warning in check_latency_model(measured, strict=strict, source="latency measurement"):
         warn(warning)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from entmtp.calibrate import project_rows
+from entmtp.calibrate import draft_projection_weight, draft_token_ids, project_rows
 from entmtp.core import HEAD_TYPES, EntmtpError
 
 from ._tree_attention import TreePlan
@@ -34,8 +34,9 @@ from ._verify import LOGIT_TRANSFORMS
 class Prepared:
     """The heads' first results at one step's state, computed before its tree is chosen.
 
-    ``logits``: Medusa ``[depth, V]``, heads 1..depth at the hidden state; Hydra ``[1, V]``,
-    head 1 with the root as its one-token prefix (the first level of any tree).
+    ``logits``: Medusa ``[depth, V']``, heads 1..depth at the hidden state; Hydra ``[1, V']``,
+    head 1 with the root as its one-token prefix (the first level of any tree); ``V'``: the
+    heads' draft vocabulary (``head_logits`` columns; the whole vocabulary without one).
     """
 
     depth: int  # deepest tree this can draft (Hydra: any; its deeper levels run in ``draft``)
@@ -113,7 +114,11 @@ class MedusaDrafter(Drafter):
         features = medusa_features(self.heads, hidden, depth)
         rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
         logits = project_rows(rows, weight, bias)  # [1 + depth, V]
-        return logits[:1], Prepared(depth, logits[1:])
+        heads_logits = logits[1:]
+        vocab = getattr(self.heads, "draft_vocab", None)
+        if vocab is not None:  # the draft vocabulary's columns, as head_logits gives them
+            heads_logits = heads_logits.index_select(1, vocab.to(logits.device))
+        return logits[:1], Prepared(depth, heads_logits)
 
     @torch.inference_mode()
     def _draft(
@@ -124,9 +129,9 @@ class MedusaDrafter(Drafter):
             logits = medusa_logits(self.heads, hidden, plan.depth)  # [depth, V]
         else:
             logits = prepared.logits[: plan.depth]
-        top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk]
+        top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk] columns
         # Same as Medusa's [root, head1 top-k, ...][tree_indices], also for per-head top-k.
-        nodes = top[plan.node_head, plan.node_rank]
+        nodes = draft_token_ids(self.heads, top[plan.node_head, plan.node_rank])
         return torch.cat([root.reshape(1).to(nodes.device), nodes])
 
 
@@ -157,8 +162,9 @@ class HydraDrafter(Drafter):
                 prefix = tokens[plan.ancestors[expand, :depth]]  # [u, depth]: root .. parent
                 logits = self.heads.head_logits(depth, hidden.expand(len(expand), -1), prefix)
             nodes = plan.level_nodes[depth]
-            top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk]
-            tokens[nodes] = top[plan.parent_slot[depth - 1], plan.ranks[nodes]]
+            top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk] columns
+            tokens[nodes] = draft_token_ids(self.heads,
+                                            top[plan.parent_slot[depth - 1], plan.ranks[nodes]])
         return tokens
 
 
@@ -183,7 +189,7 @@ def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> t
     is read once per step; otherwise ``all_head_logits`` or one ``head_logits`` call per head.
     """
     if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
-        weight, bias = heads.projection_weight(1)
+        weight, bias = draft_projection_weight(heads, 1)
         return project_rows(medusa_features(heads, hidden, depth).to(weight.dtype), weight, bias)
     if hasattr(heads, "all_head_logits"):
         return heads.all_head_logits(hidden)[:depth, 0]

@@ -548,6 +548,9 @@ def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths
         "topk": int(topk),
         "head_type": getattr(heads, "head_type", ""),
         "num_heads": int(heads.num_heads),
+        # the tokens each draft projection scores: the vocabulary, or the heads' subset of it
+        "draft_vocab_size": int(getattr(heads, "draft_vocab_size",
+                                        getattr(heads, "vocab_size", 0))),
         "autoregressive_ms_by_context": {str(k): v for k, v in autoregressive.items()},
         **timer.describe(),
     }

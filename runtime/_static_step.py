@@ -177,7 +177,8 @@ class StaticEngine:
         rows = heads.num_heads if isinstance(self.drafter, MedusaDrafter) else 1
         dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
             else self.dtype
-        self.prepared = torch.zeros(rows, heads.vocab_size, dtype=dtype, device=self.device)
+        columns = getattr(heads, "draft_vocab_size", heads.vocab_size)
+        self.prepared = torch.zeros(rows, columns, dtype=dtype, device=self.device)
         self.generation += 1
 
     def state_tensors(self) -> list[torch.Tensor]:

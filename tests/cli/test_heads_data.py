@@ -257,3 +257,78 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
     assert result.exit_code == 0, result.output
     code = json.loads(report.read_text())["heads"][str(tiny_medusa_dir)]["code"]
     assert code[0]["positions"] == 0 and code[0]["top1"] is None
+
+
+def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_model_dir,
+                                                                      tiny_hydra_dir, tmp_path):
+    from entmtp.calibrate._draft_vocab import frequent_tokens, target_token_counts
+    from entmtp.calibrate._headdata import read_head_data, record_trajectories
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+    from entmtp.calibrate._train import _examples, _prefixes
+
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 8, "--out", folder]).exit_code == 0
+    out = tmp_path / "subset"
+    result = invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads", tiny_hydra_dir,
+                     "--from-data", folder, "--size", 70, "--out", out])
+    assert result.exit_code == 0, result.output
+    base = load_base_model(tiny_model_dir)
+    counts = target_token_counts(((r.tokens, r.start) for r in read_head_data(folder).records),
+                                 128)
+    heads = load_heads(out, base.model)
+    original = load_heads(tiny_hydra_dir, base.model)
+    assert heads.draft_vocab.tolist() == frequent_tokens(counts, 70).tolist()
+    assert heads.sha256() != original.sha256()
+    for name, tensor in original.state_dict().items():  # the same weights
+        assert torch.equal(heads.state_dict()[name], tensor), name
+    config = json.loads((out / "config.json").read_text())
+    old_config = json.loads((tiny_hydra_dir / "config.json").read_text())
+    assert config["sha256"] == heads.sha256() and config["draft_vocab_size"] == 70
+    assert config["storage_dtype"] == old_config["storage_dtype"]
+    record = config["training"]["draft_vocab"]
+    assert record["size"] == 70 and record["heads_sha256"] == original.sha256()
+    assert record["targets"] == int(counts.sum())
+    assert record["coverage"] == pytest.approx(counts[heads.draft_vocab.numpy()].sum()
+                                               / counts.sum())
+    assert f"drafting over 70 of 128 tokens ({record['coverage']:.1%}" in result.output
+    # eval ranks the new heads' targets among their subset: the full logits of the old heads
+    # with every other token masked out (a target outside it is never a hit)
+    report = tmp_path / "eval.json"
+    assert invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", folder,
+                   "--heads", tiny_hydra_dir, "--heads", out, "--json", report]).exit_code == 0
+    accuracy = json.loads(report.read_text())["heads"][str(out)]["all"]
+    trajectories = record_trajectories(base, read_head_data(folder).records)
+    examples = _examples(trajectories, heads.num_heads)
+    outside = torch.ones(128, dtype=torch.bool)
+    outside[heads.draft_vocab] = False
+    for depth in (1, 2):
+        valid = examples.targets[:, depth - 1] >= 0
+        rows = examples.rows[valid]
+        with torch.no_grad():
+            logits = original.head_logits(depth, examples.hidden[rows],
+                                          _prefixes(examples, rows, depth))
+        logits[:, outside] = float("-inf")
+        top = torch.topk(logits, 5, dim=-1).indices
+        target = examples.targets[valid, depth - 1]
+        assert accuracy[depth - 1]["positions"] == len(rows)
+        assert accuracy[depth - 1]["top1"] == pytest.approx(
+            float((top[:, 0] == target).float().mean()))
+        assert accuracy[depth - 1]["top5"] == pytest.approx(
+            float((top == target[:, None]).any(-1).float().mean()))
+
+    for size in (63, 129):
+        one_line_error(invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads",
+                               tiny_hydra_dir, "--from-data", folder, "--size", size,
+                               "--out", tmp_path / "bad"]), "--size must be in 64..128")
+    assert not (tmp_path / "bad").exists()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    one_line_error(invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads",
+                           tiny_hydra_dir, "--from-data", folder, "--size", 70,
+                           "--out", tmp_path / "taken"]), "holds 'notes.txt'")
+    one_line_error(invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads",
+                           tiny_hydra_dir, "--from-data", tmp_path, "--size", 70,
+                           "--out", tmp_path / "bad"]), "no head-data folder")

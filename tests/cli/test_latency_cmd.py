@@ -72,7 +72,34 @@ def test_random_weights_latency_is_a_valid_model(random_latency, tiny_model_dir)
     assert hw["engine"] == "static" and hw["graphs"] is False
     assert "static-shape runtime" in hw["runtime_note"]
     assert (hw["head_type"], hw["num_heads"]) == ("hydra", 3)
+    assert hw["draft_vocab_size"] == 128  # random heads draft over the whole vocabulary
     assert isinstance(hw["cpu_count"], int) and hw["cpu_count"] >= 1
+
+
+def test_latency_times_random_heads_over_a_draft_vocabulary(profiler, tiny_model_dir, tmp_path,
+                                                           monkeypatch):
+    """--draft-vocab-size gives the random heads that many tokens: the timed steps draft over
+    them (every draft projection reads that many rows) and the file says so."""
+    import torch
+
+    import entmtp.runtime._latency_profile as latency_profile
+
+    seen = []
+    real = latency_profile.profile_latency
+
+    def spying(model, heads, **options):
+        seen.append((heads.draft_vocab_size, heads.head_logits(
+            1, torch.zeros(1, heads.hidden_size), torch.zeros(1, 1, dtype=torch.long)).shape))
+        return real(model, heads, **options)
+
+    monkeypatch.setattr(latency_profile, "profile_latency", spying)
+    out = tmp_path / "subset.json"
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 "--random-weights", "--head-type", "hydra", "--num-heads", "2",
+                                 "--draft-vocab-size", "96"])
+    assert result.exit_code == 0, result.output
+    assert seen == [(96, (1, 96))]
+    assert LatencyModel.load(out).hardware["draft_vocab_size"] == 96
 
 
 def test_latency_engine_eager_times_the_eager_steps(profiler, tiny_model_dir, tmp_path):
@@ -125,6 +152,8 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
         (["--threads", "0"], "--threads"),
         (["--head-type", "eagle", "--random-weights"], "--head-type"),
         (["--engine", "fast", "--random-weights"], "--engine"),
+        (["--random-weights", "--draft-vocab-size", "8"], "--draft-vocab-size must be in 64..128"),
+        (["--random-weights", "--draft-vocab-size", "129"], "--draft-vocab-size must be in"),
     ],
 )
 def test_latency_bad_options_are_one_line_errors(profiler, tiny_model_dir, tmp_path, options,

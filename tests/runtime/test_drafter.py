@@ -173,3 +173,46 @@ def test_project_with_base_is_the_base_logits_and_the_prepared_heads(rt, monkeyp
         assert int(logits.argmax()) == int(base.argmax())
         torch.testing.assert_close(logits, base, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(prepared.logits, reference.logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("head_type", "shared"),
+                         [("medusa", True), ("medusa", False), ("hydra", True)])
+def test_a_draft_vocabulary_drafts_the_full_top_k_masked_to_it(rt, head_type, shared):
+    """Each node's token is the rank-r token of its head's full logits with every token outside
+    the draft vocabulary masked out (Hydra: at the drafted prefix); prepared or not, fused or
+    not."""
+    model = rt.sharp_llama(7)
+    heads = _noisy_heads(model, head_type, shared_lm_head=shared)
+    generator = torch.Generator().manual_seed(6)
+    vocab = torch.sort(torch.randperm(heads.vocab_size, generator=generator)[:70]).values
+    outside = torch.ones(heads.vocab_size, dtype=torch.bool)
+    outside[vocab] = False
+    rng = np.random.default_rng(8)
+    cases = []
+    for trial in range(6):
+        tree = rt.random_tree(rng, int(rng.integers(1, 30)), depth=1 + trial % 4, topk=5)
+        cases.append((tree, tree_plan(tree, 5 if trial % 2 else [6, 5, 5, 5]),
+                      torch.randn(1, heads.hidden_size, generator=generator),
+                      torch.tensor([int(rng.integers(0, heads.vocab_size))])))
+    heads.set_draft_vocab(vocab)
+    drafter = TreeDrafter(heads)
+    with torch.inference_mode():
+        for trial, (tree, plan, hidden, root) in enumerate(cases):
+            tokens = drafter.draft(plan, root, hidden).tolist()
+            prepared = drafter.prepare(root, hidden, max_depth=4)
+            assert drafter.draft(plan, root, hidden, prepared).tolist() == tokens
+            if fuses_with_base(model, heads):
+                _, fused = drafter.project_with_base(hidden, 4)
+                torch.testing.assert_close(fused.logits, prepared.logits, rtol=1e-5, atol=1e-5)
+                assert drafter.draft(plan, root, hidden, fused).tolist() == tokens
+            for node, path in enumerate(tree.paths, start=1):
+                depth = len(path)
+                prefix = torch.tensor([[tokens[tree.index(path[:d]) if d else 0]
+                                        for d in range(depth)]])
+                features = heads.head_features(depth, hidden,
+                                               prefix if head_type == "hydra" else None)
+                full = heads.project(depth, features)[0]  # the whole vocabulary
+                full[outside] = float("-inf")
+                expected = int(torch.topk(full, plan.topk[depth - 1]).indices[path[-1]])
+                assert tokens[node] == expected, (trial, path)
+                assert not outside[tokens[node]]

@@ -116,22 +116,28 @@ def test_oracle_heads_live_schedule_equals_profile_replay(rt, engine):
     assert steps > 20 and max(accepts) >= 3  # the comparison saw real multi-token steps
 
 
-def _noisy_heads(base, head_type: str, *, seed: int, noise_seed: int):
-    """Fresh heads with seeded noise (std 0.05) added to every parameter."""
+def _noisy_heads(base, head_type: str, *, seed: int, noise_seed: int,
+                 draft_vocab: int | None = None):
+    """Fresh heads with seeded noise (std 0.05) added to every parameter; with ``draft_vocab``,
+    drafting over that many random tokens (so that true tokens outside it are drafted never)."""
     heads = new_heads(base.model, head_type=head_type, num_heads=3, seed=seed)
     generator = torch.Generator().manual_seed(noise_seed)
     with torch.no_grad():
         for parameter in heads.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    if draft_vocab is not None:
+        heads.set_draft_vocab(torch.randperm(heads.vocab_size, generator=generator)[:draft_vocab])
     return heads
 
 
+@pytest.mark.parametrize("draft_vocab", [None, 72])
 @pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type, engine):
+def test_calibrate_heads_live_static_tree_equals_profile_replay(rt, head_type, engine,
+                                                                draft_vocab):
     base = _base(rt)
     prompts = _prompts()
-    heads = _noisy_heads(base, head_type, seed=2, noise_seed=9)
+    heads = _noisy_heads(base, head_type, seed=2, noise_seed=9, draft_vocab=draft_vocab)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     tree = Tree.from_paths([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
@@ -169,13 +175,15 @@ class _PromptRouter(torch.nn.Module):
         return torch.cat(rows)
 
 
+@pytest.mark.parametrize("draft_vocab", [None, 72])
 @pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type, engine):
-    """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's."""
+def test_draft_signal_live_schedule_equals_profile_replay(rt, head_type, engine, draft_vocab):
+    """Head 1's entropy at each step picks the tree, live as in the replay; output is greedy's.
+    With a draft vocabulary the entropy is over its tokens, in the profile as live."""
     base = _base(rt)
     prompts = _prompts()
-    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11, draft_vocab=draft_vocab)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
     assert profile.has_draft_entropy

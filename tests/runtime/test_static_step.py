@@ -117,14 +117,20 @@ def _two_tree_schedule(signal: str, trees, eager: SpeculativeDecoder, prompts) -
 
 
 @pytest.mark.parametrize("window", ["filled", "full"])
-@pytest.mark.parametrize(("head_type", "signal"), [
-    ("medusa", BASE_ENTROPY), ("hydra", BASE_ENTROPY),
-    ("medusa", DRAFT_ENTROPY), ("hydra", DRAFT_ENTROPY),
+@pytest.mark.parametrize(("head_type", "signal", "draft_vocab"), [
+    ("medusa", BASE_ENTROPY, None), ("hydra", BASE_ENTROPY, None),
+    ("medusa", DRAFT_ENTROPY, None), ("hydra", DRAFT_ENTROPY, None),
+    ("medusa", DRAFT_ENTROPY, 80), ("hydra", DRAFT_ENTROPY, 80),
 ])
-def test_bundle_schedules_on_both_signals_match_eager(rt, setup, head_type, signal, window):
-    """Entropy-switched trees (with the empty tree: fused for Medusa's draft signal)."""
+def test_bundle_schedules_on_both_signals_match_eager(rt, setup, head_type, signal, window,
+                                                      draft_vocab):
+    """Entropy-switched trees (with the empty tree: fused for Medusa's draft signal); with a
+    draft vocabulary, the prepared buffer holds its columns."""
     model, references = setup
     heads = _noisy_heads(model, head_type, scale=0.2)
+    if draft_vocab is not None:
+        generator = torch.Generator().manual_seed(7)
+        heads.set_draft_vocab(torch.randperm(heads.vocab_size, generator=generator)[:draft_vocab])
     static = SpeculativeDecoder(model, heads, topk=TOPK, window=window)
     eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
     assert static.fuses_empty == (head_type == "medusa")
