@@ -186,11 +186,12 @@ run)
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
       transformers.__version__)' | tee "$results/versions.txt"
     status=0
-    # (a) latency curves of the graph runtime's own steps (random weights: no file needed)
+    # (a) latency curves of the graph runtime's own steps (random weights: no model file
+    # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
     for type in $HEAD_TYPES; do
         start=$SECONDS
         timeout 150 "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
-            --device "$DEVICE" --head-type "$type" --num-heads 4 \
+            --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
             --repeats "$REPEATS" --out "$results/latency/$type.json" \
             || { status=$?; echo "latency $type: failed (exit $status)" >&2; }

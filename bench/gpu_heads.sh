@@ -16,7 +16,9 @@
 #   device call 3: bench/gpu_heads.sh run      carry .gpu/part3 .gpu/payload
 #
 # `run` leaves $OUT/gpu-heads.tgz (split into <= 16 MiB parts gpu-heads.tgz.part-N when larger):
-# heads/smollm2-135m-{medusa,hydra} (fp16 safetensors + config.json with the held-out table),
+# heads/smollm2-135m-{medusa,hydra} (fp16 safetensors + config.json with the held-out table,
+# drafting over the DRAFT_VOCAB most frequent targets; the same weights, so of heads/full-vocab-*
+# only the config comes back),
 # the data index, the held-out trajectories (eval-data/: tokens only), logs and versions.
 #
 # Sizes, for SmolLM2-135M (30 layers, 3 KV heads x 64, hidden 576, vocab 49152) on one H200:
@@ -59,6 +61,7 @@ GEN_BATCH=${GEN_BATCH:-2048}
 SHARD=${SHARD:-2048}                     # prompts per shard: one generation batch, ~30 s
 GEN_SECONDS=${GEN_SECONDS:-270}
 DISTILL=${DISTILL:-16}                   # the teacher's top-K targets (trees/heads/README.md); 0: tokens
+DRAFT_VOCAB=${DRAFT_VOCAB:-8192}         # the shipped heads' draft vocabulary (heads draft-vocab)
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}         # held-out prompts per task (gpu_check's PROMPTS)
 EVAL_NEW_TOKENS=${EVAL_NEW_TOKENS:-128}
 EPOCHS=${EPOCHS:-2}
@@ -104,12 +107,22 @@ PYTHON
         timeout "$TRAIN_SECONDS" "${ENTMTP[@]}" heads train --type "$type" --from-data "$data" \
             --allow-unfinished --epochs "$EPOCHS" --batch-size "$TRAIN_BATCH" --lr "$LR" \
             --loss full --distill "$DISTILL" --forward-batch "$FORWARD_BATCH" --heldout-fraction 0.02 \
-            --device "$DEVICE" --dtype "$DTYPE" --out "$results/heads/smollm2-135m-$type" \
+            --device "$DEVICE" --dtype "$DTYPE" --out "$results/heads/full-vocab-$type" \
             > "$results/train-$type.log" 2>&1 &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a training failed (logs in results)" >&2; }; done
     tail -n 15 "$results"/train-*.log
+    # drafting over the most frequent targets of the same data, as the shipped heads do
+    for type in $HEAD_TYPES; do
+        [[ -d $results/heads/full-vocab-$type ]] || continue
+        timeout 120 "${ENTMTP[@]}" heads draft-vocab --heads "$results/heads/full-vocab-$type" \
+            --from-data "$data" --size "$DRAFT_VOCAB" --out "$results/heads/smollm2-135m-$type" \
+            > "$results/draft-vocab-$type.log" 2>&1 \
+            && rm "$results/heads/full-vocab-$type/heads.safetensors" \
+            || { status=1; echo "draft-vocab $type failed: the full-vocabulary heads come back" >&2; }
+        tail -n 2 "$results/draft-vocab-$type.log"
+    done
     # held-out accuracy per task, the shipped heads beside the new ones, on the same trajectories
     for type in $HEAD_TYPES; do
         [[ -f $results/eval-data/index.json && -d $results/heads/smollm2-135m-$type ]] || continue

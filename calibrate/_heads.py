@@ -211,9 +211,7 @@ class DraftHeads(nn.Module):
         if self.draft_vocab is None:
             return weight, bias
         slot = 0 if self._shared_lm_head else depth
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device,
-               None if bias is None else (bias.data_ptr(), bias._version),
-               self.draft_vocab.data_ptr(), self.draft_vocab.device)
+        key = (*_tensor_key(weight), *_tensor_key(bias), *_tensor_key(self.draft_vocab))
         cached = self._draft_rows.get(slot)
         if cached is None or cached[0] != key:
             vocab = self.draft_vocab.to(weight.device)
@@ -416,6 +414,15 @@ class HydraHeads(DraftHeads):
 
 
 MIN_DRAFT_VOCAB = 64  # at least every top-k a tree or a profile takes
+
+
+def _tensor_key(tensor: Tensor | None) -> tuple[Any, ...]:
+    """What changes when ``tensor``'s values may have: storage, version, dtype and device
+    (inference tensors keep no version; they cannot change outside inference mode)."""
+    if tensor is None:
+        return (None,)
+    version = None if tensor.is_inference() else tensor._version
+    return (tensor.data_ptr(), version, tensor.dtype, tensor.device, tuple(tensor.shape))
 
 
 def draft_vocab_problem(token_ids: Tensor, vocab_size: int) -> str | None:

@@ -59,6 +59,10 @@ class Drafter:
 
     def __init__(self, heads: torch.nn.Module) -> None:
         self.heads = heads
+        # Copy a draft vocabulary's projection rows now, not inside a step a CUDA graph captures.
+        if getattr(heads, "draft_vocab", None) is not None:
+            for depth in range(1, heads.num_heads + 1):
+                heads.draft_projection_weight(depth)
 
     def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
         """Head results for drafting any tree of depth <= ``max_depth`` from this state.

@@ -421,7 +421,10 @@ def test_shipped_heads_load_on_the_default_model(head_type):
         prefix = root[:, None].expand(1, heads.num_heads)
         for depth in range(1, heads.num_heads + 1):
             logits = heads.head_logits(depth, hidden, prefix[:, :depth])
-            assert logits.shape == (1, base.vocab_size) and bool(torch.isfinite(logits).all())
+            assert logits.shape == (1, heads.draft_vocab_size)
+            assert bool(torch.isfinite(logits).all())
+    # the shipped heads draft over their most frequent tokens (trees/heads/README.md)
+    assert heads.draft_vocab_size == config["draft_vocab_size"] < base.vocab_size
 
 
 # -- identity whatever the load dtype --------------------------------------------------------

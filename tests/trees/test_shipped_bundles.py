@@ -130,7 +130,7 @@ def one_weight_changed(head_type: str, folder: Path) -> Path:
     shutil.copytree(shipped("heads", f"smollm2-135m-{head_type}"), folder)
     weights = folder / "heads.safetensors"
     state = load_file(str(weights))
-    name = sorted(state)[0]
+    name = sorted(n for n, tensor in state.items() if tensor.is_floating_point())[0]
     flat = state[name].view(-1)
     flat[0] = torch.nextafter(flat[0:1], torch.full((1,), float("inf"), dtype=flat.dtype))[0]
     save_file(state, str(weights))
