@@ -286,7 +286,7 @@ def search_stage(
     save_bundle(bundle, run.bundle)  # first: it validates what it writes; a refusal leaves no file
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
     report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
-                             topk=profile.meta.topk)
+                             topk=profile.meta.topk, latency_notes=[mismatch] if mismatch else [])
     atomic_write_text(run.report, report)
     atomic_write_json(run.front, front)  # written last: marks the stage finished
     return run.bundle

@@ -266,8 +266,9 @@ def _point_label(point) -> str:
     return f"{point.step.replace('_', ' ')}, draft depth {point.depth}"
 
 
-def latency_lines(latency: LatencyModel) -> list[str]:
-    """``report.md``'s account of the latency model's noise and failed checks."""
+def latency_lines(latency: LatencyModel, notes: Sequence[str] = ()) -> list[str]:
+    """``report.md``'s account of the latency model's noise and failed checks; ``notes``: what
+    else is wrong with it for this profile (a caller's warnings, one line each)."""
     lines = ["## Latency model noise", ""]
     spread = latency.relative_spread()
     if spread is None:
@@ -317,6 +318,7 @@ def latency_lines(latency: LatencyModel) -> list[str]:
         lines += [f"- {w}" for w in warnings]
     else:
         lines.append("The latency model passes its checks.")
+    lines += [line for note in notes for line in ("", f"**Warning:** {note}")]
     lines.append("")
     return lines
 
@@ -399,9 +401,11 @@ def outcome_to_json(outcome: SearchOutcome, *, task: str) -> dict[str, Any]:
 
 
 def report_markdown(
-    outcome: SearchOutcome, *, task: str, latency: LatencyModel, ranks: np.ndarray, topk: int
+    outcome: SearchOutcome, *, task: str, latency: LatencyModel, ranks: np.ndarray, topk: int,
+    latency_notes: Sequence[str] = (),
 ) -> str:
-    """``report.md``: what a person reads after a calibration run."""
+    """``report.md``: what a person reads after a calibration run; ``latency_notes``: warnings
+    about the latency model beside its own checks (``latency_lines``)."""
     result = outcome.schedule
     sched = result.schedule
     lines = [f"# entmtp calibration report: task `{task}`", ""]
@@ -442,7 +446,7 @@ def report_markdown(
                      f"{rep.tokens_per_second / static_tps:.3f}x |")
     lines += ["", f"Schedule reaches {result.fraction_of_oracle:.1%} of the oracle's tokens/s.", ""]
     lines += [noise_line(result), "", validation_line(result), ""]
-    lines += latency_lines(latency)
+    lines += latency_lines(latency, latency_notes)
     lines += ["## Independence model (Medusa's tree builder) vs the empirical prefix model", "",
               "| tree | empirical accept length | independence model | relative error |",
               "|---|---:|---:|---:|"]

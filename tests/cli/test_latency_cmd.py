@@ -449,3 +449,33 @@ def test_latency_prints_and_writes_the_padded_widths(profiler, tiny_model_dir, t
     assert "padded widths: 1-2->3 nodes" in result.output
     assert json.loads(out.read_text())["padded_nodes"] == {"1": 3, "2": 3}
     assert LatencyModel.load(out).step_ms(1, 1) == LatencyModel.load(out).step_ms(3, 1)
+
+
+def test_retarget_to_a_latency_file_of_another_draft_vocabulary_warns_in_the_report(cpu_run,
+                                                                                     tmp_path):
+    """A latency file timed with heads drafting over another number of tokens than the profiled
+    heads misprices drafting: retarget says so on stderr and in report.md's latency section."""
+    source = tmp_path / "source"
+    shutil.copytree(cpu_run, source)
+    profile = Profile.load(source / "profile.npz")
+    profile.meta.vocab_size = 128
+    profile.meta.extra = {**profile.meta.extra, "draft_vocab_size": 96}
+    profile.save(source / "profile.npz")
+    measured = LatencyModel.cpu_like()
+    timed = replace(measured, hardware={**measured.hardware, "kind": "measured",
+                                        "draft_vocab_size": 128})
+    timed.save(tmp_path / "timed.json")
+    result = runner.invoke(app, ["retarget", str(source), "--latency", str(tmp_path / "timed.json"),
+                                 "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    needle = "timed drafting over 128 tokens but the profiled heads draft over 96"
+    assert needle in result.output
+    report = (tmp_path / "out" / "report.md").read_text()
+    section = report[report.index("## Latency model noise"):]
+    assert f"**Warning:** {tmp_path / 'out' / 'latency.json'} {needle}" in section
+    matching = replace(timed, hardware={**timed.hardware, "draft_vocab_size": 96})
+    matching.save(tmp_path / "matching.json")
+    result = runner.invoke(app, ["retarget", str(source), "--latency",
+                                 str(tmp_path / "matching.json"), "--out", str(tmp_path / "ok")])
+    assert result.exit_code == 0 and "timed drafting" not in result.output
+    assert "**Warning:**" not in (tmp_path / "ok" / "report.md").read_text()
