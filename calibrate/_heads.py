@@ -254,6 +254,10 @@ class DraftHeads(nn.Module):
         1..depth-1 (Hydra reads them; Medusa ignores them and accepts None).
         """
         features = self.head_features(depth, hidden, prefix_tokens)  # checks depth first
+        return self.project_draft(depth, features)
+
+    def project_draft(self, depth: int, features: Tensor) -> Tensor:
+        """Logits [N, draft_vocab_size] of head ``depth`` from its projection inputs."""
         weight, bias = self.draft_projection_weight(depth)
         return project_rows(features.to(weight.dtype), weight, bias)
 
@@ -345,9 +349,7 @@ class MedusaHeads(DraftHeads):
             weight, bias = self.draft_projection_weight(1)
             return F.linear(features.to(weight.dtype), weight, bias)
         return torch.stack(
-            [project_rows(features[d - 1].to(self.draft_projection_weight(d)[0].dtype),
-                          *self.draft_projection_weight(d))
-             for d in range(1, self.num_heads + 1)]
+            [self.project_draft(d, features[d - 1]) for d in range(1, self.num_heads + 1)]
         )
 
 
@@ -871,7 +873,7 @@ def _stored_draft_vocab(state: Mapping[str, Tensor], config: Mapping[str, Any], 
     if ids is None and size is None:
         return None
     if ids is None or size is None:
-        where = "config.json" if ids is None else HEADS_WEIGHTS
+        where = HEADS_WEIGHTS if ids is None else "config.json"
         raise EntmtpError(f"{folder}: a draft vocabulary is half stored (nothing in {where}); "
                           "write the heads again with entmtp heads draft-vocab")
     problem = draft_vocab_problem(ids, vocab_size)

@@ -172,7 +172,16 @@ def test_a_half_stored_draft_vocabulary_is_refused_in_one_line(tmp_path):
         load_heads(path, model)
     del config["draft_vocab_size"]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(EntmtpError, match="half stored"):
+    with pytest.raises(EntmtpError, match=r"half stored \(nothing in config.json\)"):
+        load_heads(path, model)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path / "heads.safetensors"))
+    del state["draft_vocab"]
+    save_file(state, str(path / "heads.safetensors"))
+    config["draft_vocab_size"] = 90
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EntmtpError, match=r"half stored \(nothing in heads.safetensors\)"):
         load_heads(path, model)
 
 

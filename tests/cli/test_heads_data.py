@@ -34,6 +34,16 @@ def write_rows(path: Path) -> Path:
     return path
 
 
+def make_data(model_dir: Path, tmp_path: Path, max_new_tokens: int) -> Path:
+    """A head-data folder of ``ROWS`` for the tiny model."""
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    made = invoke(["heads", "data", "--model", model_dir, "--data", rows,
+                   "--max-new-tokens", max_new_tokens, "--out", folder])
+    assert made.exit_code == 0, made.output
+    return folder
+
+
 def one_line_error(result, needle: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -219,10 +229,8 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
     from entmtp.calibrate._train import head_accuracy, head_ranks
     from entmtp.treesearch import expected_accept_length, reference_tree
 
-    rows = write_rows(tmp_path / "mix.jsonl.gz")
-    folder = tmp_path / "data"
-    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
-                   "--max-new-tokens", 5, "--out", folder]).exit_code == 0
+    folder = make_data(tiny_model_dir, tmp_path, 5)
+    rows = tmp_path / "mix.jsonl.gz"
     report = tmp_path / "eval.json"
     result = invoke(["heads", "eval", "--model", tiny_model_dir, "--from-data", folder,
                      "--heads", tiny_medusa_dir, "--heads", tiny_hydra_dir, "--json", report])
@@ -267,10 +275,7 @@ def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_mode
     from entmtp.calibrate._model import load_base_model
     from entmtp.calibrate._train import _examples, _prefixes
 
-    rows = write_rows(tmp_path / "mix.jsonl.gz")
-    folder = tmp_path / "data"
-    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
-                   "--max-new-tokens", 8, "--out", folder]).exit_code == 0
+    folder = make_data(tiny_model_dir, tmp_path, 8)
     out = tmp_path / "subset"
     result = invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads", tiny_hydra_dir,
                      "--from-data", folder, "--size", 70, "--out", out])
