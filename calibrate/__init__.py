@@ -37,6 +37,7 @@ _EXPORTS = {
     "draft_token_ids": "._heads",
     "draft_vocab_problem": "._heads",
     "MIN_DRAFT_VOCAB": "._heads",
+    "check_draft_vocab_size": "._heads",
     "read_heads_config": "._heads",
     "target_token_counts": "._draft_vocab",
     "frequent_tokens": "._draft_vocab",

@@ -427,6 +427,13 @@ def _tensor_key(tensor: Tensor | None) -> tuple[Any, ...]:
     return (tensor.data_ptr(), version, tensor.dtype, tensor.device, tuple(tensor.shape))
 
 
+def check_draft_vocab_size(size: int, vocab_size: int, *, option: str) -> None:
+    """Refuse a draft vocabulary size the heads cannot take, naming the ``option`` that gave it."""
+    if not MIN_DRAFT_VOCAB <= size <= vocab_size:
+        raise EntmtpError(f"{option} must be in {MIN_DRAFT_VOCAB}..{vocab_size} (the vocabulary), "
+                          f"got {size}")
+
+
 def draft_vocab_problem(token_ids: Tensor, vocab_size: int) -> str | None:
     """Why ``token_ids`` cannot be a draft vocabulary of a ``vocab_size`` model, or None."""
     if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex \

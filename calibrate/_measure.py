@@ -48,11 +48,9 @@ def load_for_latency(
     if draft_vocab_size is not None:
         import torch
 
-        from ._heads import MIN_DRAFT_VOCAB
+        from ._heads import check_draft_vocab_size
 
-        if not MIN_DRAFT_VOCAB <= draft_vocab_size <= draft.vocab_size:
-            raise EntmtpError(f"--draft-vocab-size must be in {MIN_DRAFT_VOCAB}.."
-                              f"{draft.vocab_size} (the vocabulary), got {draft_vocab_size}")
+        check_draft_vocab_size(draft_vocab_size, draft.vocab_size, option="--draft-vocab-size")
         generator = torch.Generator().manual_seed(seed)
         draft.set_draft_vocab(torch.randperm(draft.vocab_size, generator=generator)
                               [:draft_vocab_size])

@@ -438,7 +438,7 @@ def draft_vocab_command(
     import torch
 
     from entmtp.calibrate import (
-        MIN_DRAFT_VOCAB,
+        check_draft_vocab_size,
         check_heads_target,
         draft_vocab_coverage,
         frequent_tokens,
@@ -455,9 +455,7 @@ def draft_vocab_command(
     check_heads_target(out)
     base = load_base(model)
     draft = load_heads(heads, base.model)
-    if not MIN_DRAFT_VOCAB <= size <= draft.vocab_size:
-        raise EntmtpError(f"--size must be in {MIN_DRAFT_VOCAB}..{draft.vocab_size} (the "
-                          f"vocabulary), got {size}")
+    check_draft_vocab_size(size, draft.vocab_size, option="--size")
     data = read_head_data(from_data, base)
     counts = target_token_counts(((r.tokens, r.start) for r in data.records), draft.vocab_size)
     ids = frequent_tokens(counts, size)
@@ -465,8 +463,9 @@ def draft_vocab_command(
     config = read_heads_config(heads)
     storage = config.get("storage_dtype", "float16")
     record = {**config.get("training", {}), "draft_vocab": {
-        "size": size, "data": str(from_data), "plan_sha256": data.index["plan_sha256"],
-        "targets": int(counts.sum()), "coverage": covered, "heads": str(heads),
+        # no paths: the data and the source heads are named by their digests
+        "size": size, "plan_sha256": data.index["plan_sha256"],
+        "targets": int(counts.sum()), "coverage": covered,
         "heads_sha256": draft.sha256()}}
     draft.set_draft_vocab(torch.as_tensor(ids))
     path = save_heads(draft, out, dtype=resolve_dtype(storage),

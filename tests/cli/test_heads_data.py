@@ -295,6 +295,7 @@ def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_mode
     assert config["storage_dtype"] == old_config["storage_dtype"]
     record = config["training"]["draft_vocab"]
     assert record["size"] == 70 and record["heads_sha256"] == original.sha256()
+    assert not {"data", "heads"} & set(record)  # digests, not this machine's paths
     assert record["targets"] == int(counts.sum())
     assert record["coverage"] == pytest.approx(counts[heads.draft_vocab.numpy()].sum()
                                                / counts.sum())
