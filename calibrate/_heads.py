@@ -61,7 +61,7 @@ from entmtp.core import (
 )
 from entmtp.treesearch import read_json
 
-from ._row_gemm import project_rows, use_few_row_kernel
+from ._row_gemm import project_rows, use_row_kernels
 
 HEADS_FORMAT = "entmtp-heads"
 HEADS_FORMAT_VERSION = 1
@@ -181,7 +181,7 @@ class DraftHeads(nn.Module):
         if vocab_ids is not None:
             weight = weight[vocab_ids]
             bias = bias[vocab_ids] if bias is not None else None
-        return project_rows(features.to(weight.dtype), weight, bias)
+        return project_rows(features.to(weight.dtype), weight, bias, reused=vocab_ids is None)
 
     @property
     def draft_vocab_size(self) -> int:
@@ -259,7 +259,7 @@ class DraftHeads(nn.Module):
     def project_draft(self, depth: int, features: Tensor) -> Tensor:
         """Logits [N, draft_vocab_size] of head ``depth`` from its projection inputs."""
         weight, bias = self.draft_projection_weight(depth)
-        return project_rows(features.to(weight.dtype), weight, bias)
+        return project_rows(features.to(weight.dtype), weight, bias, reused=True)
 
     def config_dict(self) -> dict[str, Any]:
         """The structural fields of the entmtp config (no file-level metadata)."""
@@ -533,7 +533,7 @@ def new_heads(
     heads.base_model_name = str(getattr(base, "name", "") or _base_model_name(module))
     parameter = next(module.parameters())
     heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
-    use_few_row_kernel(heads)  # as load_heads: random heads must time like trained ones
+    use_row_kernels(heads)  # as load_heads: random heads must time like trained ones
     return heads
 
 
@@ -742,7 +742,7 @@ def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
     heads._remember_stored_identity(heads._current_sha256())
     parameter = next(module.parameters())
     heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
-    use_few_row_kernel(heads)
+    use_row_kernels(heads)
     return heads
 
 

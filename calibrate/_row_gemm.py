@@ -1,36 +1,74 @@
-"""Linear layers over a few rows on CPU: ``weight @ x.T`` instead of ``F.linear``.
+"""CPU linear layers for decoding: oneDNN over a packed copy of the weight, else ``W @ x.T``.
 
 Decoding multiplies 1 to a few dozen rows (one token, or a draft tree's nodes) by every weight
-matrix. On CPU (torch 2.13, 2 threads) ``F.linear`` is slow for exactly those shapes: the
-vocabulary projection of 1-3 rows as ``x @ W.T`` took 2-5x longer than the same product written
-as ``W @ x.T``, and a single row (a matrix-vector product) longer than two rows
-(bench/bench_lm_head.py); a whole forward of 1-4 tokens through the default model is 1.7-2.8x
-faster this way (bench/bench_row_gemm.py). So for at most ``FEW_ROWS`` rows this module computes
-``(W @ x.T).T``, a single row duplicated to two, made contiguous. The results differ from
-``F.linear`` by float rounding only (about 1e-6 relative).
+matrix, and the profiler a few hundred. On the CPU (torch 2.13, 2 threads) ``F.linear`` is slow
+for exactly those shapes. Two kernels, fastest first:
 
-GPUs (cuBLAS) have no such gap, and gradients need ``F.linear``'s autograd path, so both keep
-``F.linear``.
+- **packed** (``linear_kernel: "onednn-packed"``): oneDNN's inner product over a copy of the
+  weight reordered once into its blocked layout (``mkldnn._reorder_linear_weight``, what
+  inductor's CPU weight-packing pass emits). On a 2-core AMD EPYC (bench/bench_linear_kernels.py,
+  bench/bench_row_gemm.py) a whole step of the default model is as fast as the few-row kernel for
+  1-4 rows and 1.3x-2.3x faster for 5-256; each row's result is bitwise the same whatever the
+  row count, so a tree's nodes compute exactly what a one-token step would. Used for float32
+  weights the caller reuses (``reused=True``: every ``nn.Linear`` routed here, the heads'
+  projections); the copy is kept while the weight is unchanged (same tensor, storage, version,
+  shape), costs the weight's size in memory and dies with the weight.
+- **few-row** (``"few-row"``): ``(W @ x.T).T``, a single row duplicated to two, made contiguous;
+  2-5x faster than ``x @ W.T`` for 1-3 rows (bench/bench_lm_head.py). Used for up to ``FEW_ROWS``
+  rows of other CPU weights (other dtypes, weights sliced per call, no oneDNN).
+
+Both differ from ``F.linear`` by float rounding only (about 1e-6 relative). GPUs (cuBLAS) have no
+such gap, and gradients need ``F.linear``'s autograd path, so both keep ``F.linear``.
 """
 
 from __future__ import annotations
 
+import functools
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 FEW_ROWS = 64
-_MARKER = "_entmtp_few_row_kernel"
+PACKED_KERNEL = "onednn-packed"
+FEW_ROW_KERNEL = "few-row"
+_MARKER = "_entmtp_row_kernel"
+
+# id(weight) -> (weak reference to it, what its values depend on, packed copy)
+_PACKED: dict[int, tuple[weakref.ref, tuple, Tensor]] = {}
 
 
-def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(features, weight, bias)`` ([..., in] -> [..., out]), faster for few rows."""
+def packing_available() -> bool:
+    """Whether this torch can run the packed kernel (oneDNN built in and enabled)."""
+    return torch._C._get_mkldnn_enabled() and _packing_built()
+
+
+@functools.cache
+def _packing_built() -> bool:
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None, *,
+                 reused: bool = False) -> Tensor:
+    """``F.linear(features, weight, bias)`` ([..., in] -> [..., out]), faster on the CPU.
+
+    ``reused``: the caller multiplies by this same weight again (a layer, a head's projection),
+    so a packed copy of it is worth keeping (float32 CPU weights only).
+    """
     in_features = features.shape[-1]
     rows = features.reshape(-1, in_features)
-    if (rows.shape[0] > FEW_ROWS or rows.shape[0] == 0 or weight.device.type != "cpu"
+    if (rows.shape[0] == 0 or weight.device.type != "cpu"
             or _records_gradient(features, weight, bias)):
+        return F.linear(features, weight, bias)
+    if reused and _packs(weight, features):
+        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), _packed_weight(weight),
+                                                 bias, "none", [], "")
+        return out.reshape(*features.shape[:-1], weight.shape[0])
+    if rows.shape[0] > FEW_ROWS:
         return F.linear(features, weight, bias)
     # Contiguous like F.linear's result: attention kernels (SDPA's CPU flash path) and
     # elementwise ops need a contiguous last dimension, and a transposed view falls back to
@@ -44,6 +82,43 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     return out.reshape(*features.shape[:-1], weight.shape[0])
 
 
+def row_kernel(weight: Tensor) -> str:
+    """The kernel ``project_rows(..., reused=True)`` multiplies by ``weight`` with:
+    ``"onednn-packed"``, ``"few-row"`` or ``"torch"`` (``F.linear``, off the CPU)."""
+    if weight.device.type != "cpu":
+        return "torch"
+    return PACKED_KERNEL if _packs(weight, weight) else FEW_ROW_KERNEL
+
+
+def _packs(weight: Tensor, features: Tensor) -> bool:
+    return (weight.dtype == torch.float32 and features.dtype == torch.float32
+            and weight.dim() == 2 and packing_available())
+
+
+def _packed_weight(weight: Tensor) -> Tensor:
+    key = (weight.data_ptr(), None if weight.is_inference() else weight._version,
+           tuple(weight.shape), weight.stride())
+    ident = id(weight)
+    entry = _PACKED.get(ident)
+    if entry is not None and entry[0]() is weight and entry[1] == key:
+        return entry[2]
+    with torch.no_grad():
+        packed = _reorder(weight.detach().contiguous(), None)
+    reference = weakref.ref(weight, lambda ref, ident=ident: _forget(ident, ref))
+    _PACKED[ident] = (reference, key, packed)
+    return packed
+
+
+def _reorder(weight: Tensor, batch_size: int | None) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, batch_size)
+
+
+def _forget(ident: int, reference: weakref.ref) -> None:
+    entry = _PACKED.get(ident)
+    if entry is not None and entry[0] is reference:
+        del _PACKED[ident]
+
+
 def _records_gradient(features: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     # A model's parameters require grad even under no_grad/inference_mode, where nothing is
     # recorded; only a product autograd will record needs F.linear's path.
@@ -52,28 +127,32 @@ def _records_gradient(features: Tensor, weight: Tensor, bias: Tensor | None) -> 
     return any(t is not None and t.requires_grad for t in (features, weight, bias))
 
 
-def _few_row_forward(self: nn.Linear, x: Tensor) -> Tensor:
-    return project_rows(x, self.weight, self.bias)
+def _row_forward(self: nn.Linear, x: Tensor) -> Tensor:
+    return project_rows(x, self.weight, self.bias, reused=True)
 
 
-def use_few_row_kernel(model: nn.Module) -> int:
-    """Route every ``nn.Linear`` of ``model`` on the CPU through :func:`project_rows`.
+def use_row_kernels(model: nn.Module) -> int:
+    """Route every ``nn.Linear`` of ``model`` on the CPU through :func:`project_rows` (reused
+    weights: the packed kernel for float32).
 
     Only exact ``nn.Linear`` instances are changed (their instance ``forward``; weights, state
     dict and class are untouched), so subclasses such as quantized linears keep their own
-    kernels. Idempotent. Returns how many layers use the kernel.
+    kernels. Idempotent. Returns how many layers use the kernels.
     """
     count = 0
     for module in model.modules():
         if type(module) is not nn.Linear or module.weight.device.type != "cpu":
             continue
         if not getattr(module, _MARKER, False):
-            module.forward = types.MethodType(_few_row_forward, module)
+            module.forward = types.MethodType(_row_forward, module)
             setattr(module, _MARKER, True)
         count += 1
     return count
 
 
-def uses_few_row_kernel(module: nn.Module) -> bool:
-    """Whether ``module`` (an ``nn.Linear``) computes through :func:`project_rows`."""
-    return bool(getattr(module, _MARKER, False))
+def linear_kernel(module: nn.Module) -> str:
+    """The kernel an ``nn.Linear`` computes with: ``row_kernel`` of its weight when
+    :func:`use_row_kernels` routed it, else ``"torch"``."""
+    if not getattr(module, _MARKER, False):
+        return "torch"
+    return row_kernel(module.weight)

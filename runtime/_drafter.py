@@ -117,7 +117,7 @@ class MedusaDrafter(Drafter):
         weight, bias = self.heads.projection_weight(1)
         features = medusa_features(self.heads, hidden, depth)
         rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
-        logits = project_rows(rows, weight, bias)  # [1 + depth, V]
+        logits = project_rows(rows, weight, bias, reused=True)  # [1 + depth, V]
         heads_logits = logits[1:]
         vocab = getattr(self.heads, "draft_vocab", None)
         if vocab is not None:  # the draft vocabulary's columns, as head_logits gives them
@@ -194,7 +194,8 @@ def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> t
     """
     if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
         weight, bias = draft_projection_weight(heads, 1)
-        return project_rows(medusa_features(heads, hidden, depth).to(weight.dtype), weight, bias)
+        features = medusa_features(heads, hidden, depth).to(weight.dtype)
+        return project_rows(features, weight, bias, reused=True)
     if hasattr(heads, "all_head_logits"):
         return heads.all_head_logits(hidden)[:depth, 0]
     return torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)])

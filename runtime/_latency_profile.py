@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from entmtp.calibrate import entropy_from_logits, uses_few_row_kernel
+from entmtp.calibrate import entropy_from_logits, linear_kernel
 from entmtp.core import EAGER_ENGINE, STATIC_ENGINE, EntmtpError, describe_machine
 from entmtp.treesearch import LatencyModel, LatencyPoint, Tree, with_padding
 
@@ -179,9 +179,8 @@ def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "dtype": str(weight.dtype).replace("torch.", ""),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        # the few-row kernel hands any non-CPU weight to F.linear (calibrate/_row_gemm.py)
-        "linear_kernel": "few-row" if device.type == "cpu"
-        and uses_few_row_kernel(model.get_output_embeddings()) else "torch",
+        # "onednn-packed", "few-row" or "torch" (calibrate/_row_gemm.py)
+        "linear_kernel": linear_kernel(model.get_output_embeddings()),
     }
 
 

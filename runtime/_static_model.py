@@ -2,7 +2,7 @@
 
 ``StaticLlama`` runs a loaded transformers model's own modules (embedding, RMSNorms, q/k/v/o
 projections, MLP, final norm, lm_head: the weights by reference, so heads that share the lm_head
-keep sharing it, and CPU linears keep calling the few-row kernel patched on their instances) but
+keep sharing it, and CPU linears keep calling the row kernels patched on their instances) but
 owns the attention: rotary embedding from the model's ``inv_freq`` and ``attention_scaling``
 (the same float32 ops as transformers' rotary module, so SmolLM2's ``rope_theta`` and static
 rope scalings match exactly), the cache write and SDPA with grouped-query heads.

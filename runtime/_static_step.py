@@ -32,7 +32,7 @@ attention then reads the whole static cache under a mask that blocks the unfille
 CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
 cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
 
-**Padded widths.** A few-row matmul's time depends on the row count's alignment (a CPU kernel
+**Padded widths.** A CPU matmul's time may depend on the row count's alignment (a kernel
 can run 16 rows faster than 12), so a tree may be cheaper to verify at the width of a larger
 one. ``padded_nodes`` (the latency model's table: node count -> the node count it is verified
 at) makes an ``n``-node tree's step run ``w = padded + 1`` rows: the ``q = n + 1`` tree rows,

@@ -50,8 +50,8 @@ at least ``MIN_SPREAD_ROUNDS`` (4) rounds, or its spread means nothing. A model 
 no measured spread (``points`` empty: files measured before the profiler kept it) is checked
 with zero noise and says so.
 
-**Padded widths.** A step's time need not grow with the tree: a few-row matmul's time depends on
-the row count's alignment, so on a CPU a 15-node tree (16 rows) can verify faster than an
+**Padded widths.** A step's time need not grow with the tree: a CPU matmul's time may depend on
+the row count's alignment, so on a CPU a 15-node tree (16 rows) could verify faster than an
 11-node one. The runtime can verify an ``n``-node tree at the width of a larger one (padding rows
 that change no result, runtime/_static_step.py), so ``padded_nodes`` (optional; node count ->
 the measured node count it is verified at, only counts that pad) makes such a dip unreachable.

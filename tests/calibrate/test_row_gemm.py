@@ -1,4 +1,5 @@
 import copy
+import gc
 
 import pytest
 import torch
@@ -10,40 +11,129 @@ from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._random_model import random_model
 from entmtp.calibrate._row_gemm import (
     FEW_ROWS,
+    linear_kernel,
+    packing_available,
     project_rows,
-    use_few_row_kernel,
-    uses_few_row_kernel,
+    row_kernel,
+    use_row_kernels,
 )
 from tests.support import make_tiny_llama
+
+needs_packing = pytest.mark.skipif(not packing_available(),
+                                   reason="this torch has no oneDNN packed linear")
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 17, FEW_ROWS, FEW_ROWS + 1, 100])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_project_rows_is_f_linear(rows, with_bias):
+@pytest.mark.parametrize("reused", [False, True])
+def test_project_rows_is_f_linear(rows, with_bias, reused):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(300, 48, generator=generator)
     bias = torch.randn(300, generator=generator) if with_bias else None
     features = torch.randn(rows, 48, generator=generator)
-    out = project_rows(features, weight, bias)
+    out = project_rows(features, weight, bias, reused=reused)
     assert out.shape == (rows, 300)
     torch.testing.assert_close(out, F.linear(features, weight, bias), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(48,), (1, 1, 48), (2, 3, 48), (1, 7, 48)])
-def test_project_rows_keeps_leading_dimensions(shape):
+@pytest.mark.parametrize("reused", [False, True])
+def test_project_rows_keeps_leading_dimensions(shape, reused):
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(20, 48, generator=generator)
     features = torch.randn(*shape, generator=generator)
-    out = project_rows(features, weight, None)
+    out = project_rows(features, weight, None, reused=reused)
     assert out.shape == (*shape[:-1], 20)
     torch.testing.assert_close(out, F.linear(features, weight), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 64, 65])
-def test_project_rows_returns_contiguous_rows(rows):
+@pytest.mark.parametrize("reused", [False, True])
+def test_project_rows_returns_contiguous_rows(rows, reused):
     # A transposed result sends SDPA to its slow math path (and slows elementwise ops).
-    out = project_rows(torch.randn(1, rows, 48), torch.randn(20, 48), torch.randn(20))
+    out = project_rows(torch.randn(1, rows, 48), torch.randn(20, 48), torch.randn(20),
+                       reused=reused)
     assert out.is_contiguous()
+
+
+def test_non_contiguous_inputs_and_weights():
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(48, 30, generator=generator).T  # [30, 48], a transposed view
+    features = torch.randn(9, 48, generator=generator)[::2]
+    out = project_rows(features, weight, None, reused=True)
+    torch.testing.assert_close(out, F.linear(features, weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_packing
+@torch.inference_mode()
+def test_packed_rows_are_bitwise_the_same_whatever_the_row_count():
+    # A tree's node must compute what a one-token step computes at that token.
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(500, 64, generator=generator)
+    bias = torch.randn(500, generator=generator)
+    rows = torch.randn(40, 64, generator=generator)
+    whole = project_rows(rows, weight, bias, reused=True)
+    for count in (1, 2, 3, 5, 8, 16, 17, 33):
+        part = project_rows(rows[:count], weight, bias, reused=True)
+        assert torch.equal(part, whole[:count]), count
+
+
+def _count_packings(monkeypatch) -> list[tuple[int, ...]]:
+    packings = []
+    original = torch.ops.mkldnn._reorder_linear_weight
+
+    def counting(weight, batch_size=None):
+        packings.append(tuple(weight.shape))
+        return original(weight, batch_size)
+
+    monkeypatch.setattr(_row_gemm, "_reorder", counting)
+    return packings
+
+
+@needs_packing
+def test_a_reused_weight_is_packed_once_until_it_changes(monkeypatch):
+    packings = _count_packings(monkeypatch)
+    layer = nn.Linear(16, 8)
+    features = torch.randn(3, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            out = project_rows(features, layer.weight, layer.bias, reused=True)
+        assert len(packings) == 1
+        layer.weight.mul_(2.0)  # in place: a new version
+        torch.testing.assert_close(project_rows(features, layer.weight, layer.bias, reused=True),
+                                   2.0 * (out - layer.bias) + layer.bias)
+        assert len(packings) == 2
+        layer.weight.data = torch.zeros(8, 16)  # new storage, same Parameter
+        torch.testing.assert_close(project_rows(features, layer.weight, layer.bias, reused=True),
+                                   layer.bias.expand(3, 8))
+        assert len(packings) == 3
+        project_rows(features, torch.randn(8, 16), None)  # not reused: never packed
+        project_rows(features.double(), layer.weight.double(), None, reused=True)  # float32 only
+        project_rows(features.bfloat16(), layer.weight.bfloat16(), None, reused=True)
+        assert len(packings) == 3
+
+
+@needs_packing
+def test_a_packed_copy_dies_with_its_weight():
+    weight = torch.randn(8, 16)
+    with torch.inference_mode():
+        project_rows(torch.randn(2, 16), weight, None, reused=True)
+    assert id(weight) in _row_gemm._PACKED
+    ident = id(weight)
+    del weight
+    gc.collect()
+    assert ident not in _row_gemm._PACKED
+
+
+@needs_packing
+def test_packed_in_inference_mode_serves_no_grad_too():
+    layer = nn.Linear(16, 8)
+    features = torch.randn(3, 16)
+    with torch.inference_mode():
+        inside = project_rows(features, layer.weight, layer.bias, reused=True)
+    with torch.no_grad():
+        outside = project_rows(features, layer.weight, layer.bias, reused=True)
+    assert torch.equal(inside, outside)
 
 
 def test_project_rows_keeps_autograd():
@@ -85,7 +175,7 @@ def test_recorded_products_keep_f_linear(monkeypatch):
 @torch.inference_mode()
 def test_a_patched_model_step_never_calls_f_linear(monkeypatch):
     model = make_tiny_llama(seed=5)
-    use_few_row_kernel(model)
+    use_row_kernels(model)
     calls = _count_linear_calls(monkeypatch)
     model(torch.arange(3, 8).unsqueeze(0))
     assert calls["F.linear"] == 0
@@ -99,10 +189,11 @@ def _linear_layers(model: nn.Module) -> list[nn.Linear]:
 def test_patched_model_matches_and_decodes_the_same():
     reference = make_tiny_llama(seed=3)
     model = copy.deepcopy(reference)
-    assert use_few_row_kernel(model) == len(_linear_layers(model)) > 0
-    assert use_few_row_kernel(model) == len(_linear_layers(model))  # idempotent
-    assert all(uses_few_row_kernel(m) for m in _linear_layers(model))
-    assert not any(uses_few_row_kernel(m) for m in _linear_layers(reference))
+    assert use_row_kernels(model) == len(_linear_layers(model)) > 0
+    assert use_row_kernels(model) == len(_linear_layers(model))  # idempotent
+    expected = "onednn-packed" if packing_available() else "few-row"
+    assert all(linear_kernel(m) == expected for m in _linear_layers(model))
+    assert all(linear_kernel(m) == "torch" for m in _linear_layers(reference))
     assert model.state_dict().keys() == reference.state_dict().keys()
     for length in (1, 2, 5, 70):
         ids = torch.arange(3, 3 + length).unsqueeze(0) % 128
@@ -116,10 +207,10 @@ def test_patched_model_matches_and_decodes_the_same():
 @torch.inference_mode()
 def test_a_deep_copy_computes_with_its_own_weights():
     model = make_tiny_llama(seed=4)
-    use_few_row_kernel(model)
+    use_row_kernels(model)
     clone = copy.deepcopy(model)
     layer = clone.lm_head
-    assert uses_few_row_kernel(layer)
+    assert linear_kernel(layer) != "torch"
     hidden = torch.randn(2, layer.in_features)
     before = model.lm_head(hidden)
     layer.weight.mul_(2.0)
@@ -132,19 +223,30 @@ def test_subclasses_of_linear_keep_their_forward():
             return 3.0 * super().forward(x)
 
     model = nn.Sequential(nn.Linear(4, 4), Scaled(4, 4))
-    assert use_few_row_kernel(model) == 1
-    assert not uses_few_row_kernel(model[1])
+    assert use_row_kernels(model) == 1
+    assert linear_kernel(model[1]) == "torch" != linear_kernel(model[0])
 
 
 def test_loaders_use_the_kernel_on_cpu(tiny_model_dir, tiny_medusa_dir):
     from entmtp.calibrate._heads import load_heads, new_heads
 
     base = load_base_model(tiny_model_dir)
-    assert uses_few_row_kernel(base.model.get_output_embeddings())
+    assert _routed(base.model.get_output_embeddings())
     heads = load_heads(tiny_medusa_dir, base)
-    assert _linear_layers(heads) and all(uses_few_row_kernel(m) for m in _linear_layers(heads))
+    assert _linear_layers(heads) and all(_routed(m) for m in _linear_layers(heads))
     model = random_model(tiny_model_dir).model
-    assert all(uses_few_row_kernel(m) for m in _linear_layers(model))
+    assert all(_routed(m) for m in _linear_layers(model))
     for head_type in ("medusa", "hydra"):  # random heads time the latency model
         fresh = new_heads(model, head_type=head_type, num_heads=2)
-        assert _linear_layers(fresh) and all(uses_few_row_kernel(m) for m in _linear_layers(fresh))
+        assert _linear_layers(fresh) and all(_routed(m) for m in _linear_layers(fresh))
+
+
+def _routed(layer: nn.Module) -> bool:
+    return linear_kernel(layer) != "torch"
+
+
+def test_row_kernel_names_the_kernel():
+    weight = torch.randn(4, 4)
+    assert row_kernel(weight) == ("onednn-packed" if packing_available() else "few-row")
+    assert row_kernel(weight.bfloat16()) == "few-row"
+    assert row_kernel(torch.randn(4, 4, device="meta")) == "torch"

@@ -8,6 +8,7 @@ import struct
 from dataclasses import replace
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from entmtp.cli import _latency_cmd  # importing registers the commands on `app`
@@ -479,3 +480,30 @@ def test_retarget_to_a_latency_file_of_another_draft_vocabulary_warns_in_the_rep
                                  str(tmp_path / "matching.json"), "--out", str(tmp_path / "ok")])
     assert result.exit_code == 0 and "timed drafting" not in result.output
     assert "**Warning:**" not in (tmp_path / "ok" / "report.md").read_text()
+
+
+def test_retarget_to_a_latency_file_of_another_linear_kernel_warns(cpu_run, tmp_path):
+    """A CPU latency file timed with another linear kernel than this version's prices every
+    tree wrong: retarget says so on stderr and in report.md; GPU files and matching ones pass."""
+    from entmtp.calibrate import row_kernel
+
+    used = row_kernel(torch.empty(0, 0))
+    measured = LatencyModel.cpu_like()
+    cases = {"old": {"device": "cpu", "linear_kernel": "few-row" if used != "few-row"
+                     else "onednn-packed"},
+             "unnamed": {"device": "cpu"},
+             "same": {"device": "cpu", "linear_kernel": used},
+             "gpu": {"device": "cuda", "linear_kernel": "torch"}}
+    for name, fields in cases.items():
+        timed = replace(measured, hardware={**measured.hardware, "kind": "measured", **fields})
+        timed.save(tmp_path / f"{name}.json")
+        result = runner.invoke(app, ["retarget", str(cpu_run), "--latency",
+                                     str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        warned = "timed this CPU's linear layers with the" in result.output
+        report = (tmp_path / name / "report.md").read_text()
+        assert warned == (name in ("old", "unnamed")) == ("**Warning:**" in report), name
+        if warned:
+            timed_kernel = fields.get("linear_kernel", "torch")
+            assert f"with the {timed_kernel!r} kernel but entmtp now computes them with {used!r}" \
+                in result.output

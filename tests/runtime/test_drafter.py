@@ -90,9 +90,9 @@ def test_prepared_medusa_projects_all_heads_once(rt, monkeypatch):
     calls = []
     real = drafter_module.project_rows
 
-    def counting(features, weight, bias):
+    def counting(features, weight, bias, **kwargs):
         calls.append(features.shape[0])
-        return real(features, weight, bias)
+        return real(features, weight, bias, **kwargs)
 
     monkeypatch.setattr(drafter_module, "project_rows", counting)
     drafter = TreeDrafter(heads)
@@ -156,9 +156,9 @@ def test_project_with_base_is_the_base_logits_and_the_prepared_heads(rt, monkeyp
     calls = []
     real = drafter_module.project_rows
 
-    def counting(features, weight, bias):
+    def counting(features, weight, bias, **kwargs):
         calls.append(features.shape[0])
-        return real(features, weight, bias)
+        return real(features, weight, bias, **kwargs)
 
     monkeypatch.setattr(drafter_module, "project_rows", counting)
     for max_depth in (0, 2, 4):

@@ -250,9 +250,9 @@ def test_draft_signal_with_the_empty_tree_fuses_plain_steps(rt, head_type, engin
     calls = []
     real = drafter_module.project_rows
 
-    def counting(features, weight, bias):
+    def counting(features, weight, bias, **kwargs):
         calls.append(features.shape[0])
-        return real(features, weight, bias)
+        return real(features, weight, bias, **kwargs)
 
     monkeypatch.setattr(drafter_module, "project_rows", counting)
     steps, _ = _compare(profile, decoder, scheduler, schedule, base, prompts)

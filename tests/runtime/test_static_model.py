@@ -121,17 +121,17 @@ def test_compaction_equals_brute_force():
                                    expected[..., : past + length, :], rtol=0, atol=0)
 
 
-def test_cpu_linears_keep_the_few_row_kernel(rt, monkeypatch):
+def test_cpu_linears_keep_the_row_kernels(rt, monkeypatch):
     import entmtp.calibrate._row_gemm as row_gemm
 
     model = rt.sharp_llama(2)
-    linears = row_gemm.use_few_row_kernel(model)
+    linears = row_gemm.use_row_kernels(model)
     calls = []
     real = row_gemm.project_rows
 
-    def counting(features, weight, bias):
-        calls.append(features.shape[-2])
-        return real(features, weight, bias)
+    def counting(features, weight, bias, **kwargs):
+        calls.append((features.shape[-2], kwargs.get("reused")))
+        return real(features, weight, bias, **kwargs)
 
     monkeypatch.setattr(row_gemm, "project_rows", counting)
     static = StaticLlama(model)
@@ -140,7 +140,7 @@ def test_cpu_linears_keep_the_few_row_kernel(rt, monkeypatch):
         hidden = static.backbone(cache, torch.tensor([5, 6, 7]), torch.arange(3),
                                  torch.arange(3), torch.ones(3, 3, dtype=torch.bool).tril(), 3)
         static.logits(hidden)
-    assert linears == 7 * len(static.layers) + 1 and calls == [3] * linears
+    assert linears == 7 * len(static.layers) + 1 and calls == [(3, True)] * linears
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
