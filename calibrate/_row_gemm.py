@@ -11,8 +11,10 @@ for exactly those shapes. Two kernels, fastest first:
   1-4 rows and 1.3x-2.3x faster for 5-256; each row's result is bitwise the same whatever the
   row count, so a tree's nodes compute exactly what a one-token step would. Used for float32
   weights the caller reuses (``reused=True``: every ``nn.Linear`` routed here, the heads'
-  projections); the copy is kept while the weight is unchanged (same tensor, storage, version,
-  shape), costs the weight's size in memory and dies with the weight.
+  projections); the copy is kept while the weight is unchanged (same storage, place in it and
+  version: a detached view of the weight finds it too), costs the weight's size in memory and
+  dies with the weight's storage. A change that bypasses the version counter (writing through
+  ``weight.data``) is not seen.
 - **few-row** (``"few-row"``): ``(W @ x.T).T``, a single row duplicated to two, made contiguous;
   2-5x faster than ``x @ W.T`` for 1-3 rows (bench/bench_lm_head.py). Used for up to ``FEW_ROWS``
   rows of other CPU weights (other dtypes, weights sliced per call, no oneDNN).
@@ -36,8 +38,9 @@ PACKED_KERNEL = "onednn-packed"
 FEW_ROW_KERNEL = "few-row"
 _MARKER = "_entmtp_row_kernel"
 
-# id(weight) -> (weak reference to it, what its values depend on, packed copy)
-_PACKED: dict[int, tuple[weakref.ref, tuple, Tensor]] = {}
+# id(storage) -> (weak reference to the storage, {(offset, shape, stride, dtype): (version,
+# packed copy)}): a weight's packed copies live as long as the memory they were made from
+_PACKED: dict[int, tuple[weakref.ref, dict[tuple, tuple[int | None, Tensor]]]] = {}
 
 
 def packing_available() -> bool:
@@ -96,16 +99,23 @@ def _packs(weight: Tensor, features: Tensor) -> bool:
 
 
 def _packed_weight(weight: Tensor) -> Tensor:
-    key = (weight.data_ptr(), None if weight.is_inference() else weight._version,
-           tuple(weight.shape), weight.stride())
-    ident = id(weight)
-    entry = _PACKED.get(ident)
-    if entry is not None and entry[0]() is weight and entry[1] == key:
-        return entry[2]
+    # Keyed on the storage, not the tensor object: callers pass fresh views of one weight
+    # (``lm_head.weight.detach()`` per call), which share its storage and version counter.
+    storage = weight.untyped_storage()
+    layout = (weight.storage_offset(), tuple(weight.shape), weight.stride(), weight.dtype)
+    version = None if weight.is_inference() else weight._version
+    entry = _PACKED.get(id(storage))
+    if entry is None or entry[0]() is not storage:
+        reference = weakref.ref(storage, lambda ref, ident=id(storage): _forget(ident, ref))
+        entry = (reference, {})
+        _PACKED[id(storage)] = entry
+    copies = entry[1]
+    cached = copies.get(layout)
+    if cached is not None and cached[0] == version:
+        return cached[1]
     with torch.no_grad():
         packed = _reorder(weight.detach().contiguous(), None)
-    reference = weakref.ref(weight, lambda ref, ident=ident: _forget(ident, ref))
-    _PACKED[ident] = (reference, key, packed)
+    copies[layout] = (version, packed)
     return packed
 
 

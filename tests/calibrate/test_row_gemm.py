@@ -118,11 +118,33 @@ def test_a_packed_copy_dies_with_its_weight():
     weight = torch.randn(8, 16)
     with torch.inference_mode():
         project_rows(torch.randn(2, 16), weight, None, reused=True)
-    assert id(weight) in _row_gemm._PACKED
-    ident = id(weight)
+    ident = id(weight.untyped_storage())
+    assert ident in _row_gemm._PACKED
     del weight
     gc.collect()
     assert ident not in _row_gemm._PACKED
+
+
+@needs_packing
+def test_detached_views_of_a_weight_share_its_packed_copy(monkeypatch):
+    # Heads sharing the lm_head hand over ``lm_head.weight.detach()``, a new tensor each call.
+    packings = _count_packings(monkeypatch)
+    layer = nn.Linear(16, 8, bias=False)
+    features = torch.randn(3, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            out = project_rows(features, layer.weight.detach(), None, reused=True)
+        assert len(packings) == 1
+        layer.weight.detach().mul_(3.0)  # a view shares the version counter
+        torch.testing.assert_close(project_rows(features, layer.weight, None, reused=True),
+                                   3.0 * out)
+        assert len(packings) == 2
+        top, bottom = layer.weight[:4], layer.weight[4:]  # two weights in one storage
+        torch.testing.assert_close(project_rows(features, bottom, None, reused=True),
+                                   F.linear(features, bottom), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(project_rows(features, top, None, reused=True),
+                                   F.linear(features, top), rtol=1e-5, atol=1e-5)
+        assert len(packings) == 4
 
 
 @needs_packing

@@ -216,3 +216,34 @@ def test_a_draft_vocabulary_drafts_the_full_top_k_masked_to_it(rt, head_type, sh
                 expected = int(torch.topk(full, plan.topk[depth - 1]).indices[path[-1]])
                 assert tokens[node] == expected, (trial, path)
                 assert not outside[tokens[node]]
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_drafting_packs_each_weight_once(rt, monkeypatch, head_type):
+    """Later steps reuse the packed copies of the first (shared lm_head: a fresh detached view
+    each call), and the fused base row is bitwise the lm_head's own output."""
+    from entmtp.calibrate import _row_gemm
+
+    if not _row_gemm.packing_available():
+        pytest.skip("this torch has no oneDNN packed linear")
+    model = rt.sharp_llama(7)
+    _row_gemm.use_row_kernels(model)  # as the loaders do
+    heads = _noisy_heads(model, head_type)
+    drafter = TreeDrafter(heads)
+    plan = tree_plan(Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]]), 5)
+    generator = torch.Generator().manual_seed(5)
+    packings = []
+    real = _row_gemm._reorder
+    monkeypatch.setattr(_row_gemm, "_reorder",
+                        lambda weight, size: packings.append(weight.shape) or real(weight, size))
+    counts = []
+    for _ in range(3):
+        hidden = torch.randn(1, heads.hidden_size, generator=generator)
+        with torch.inference_mode():
+            prepared = drafter.prepare(torch.tensor([3]), hidden, max_depth=4)
+            drafter.draft(plan, torch.tensor([3]), hidden, prepared)
+            if head_type == "medusa":
+                logits, _ = drafter.project_with_base(hidden, 4)
+                assert torch.equal(logits, model.get_output_embeddings()(hidden))
+        counts.append(len(packings))
+    assert counts[0] > 0 and counts[1] == counts[2] == counts[0]
