@@ -151,7 +151,10 @@ def linear_kernel_mismatch(latency: LatencyModel, *, source: str) -> str | None:
     from ._row_gemm import row_kernel
 
     timed = hardware.get("linear_kernel") or "torch"  # files before the field: F.linear
-    used = row_kernel(torch.empty(0, 0))
+    dtype = getattr(torch, str(hardware.get("dtype") or "float32"), None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    used = row_kernel(torch.empty(0, 0, dtype=dtype))
     if timed == used:
         return None
     return (f"{source} timed this CPU's linear layers with the {timed!r} kernel but entmtp now "

@@ -64,7 +64,7 @@ def _logits(model, ids=(1, 5, 9, 40, 77, 3)):
 
 
 def _same_model(loaded, original) -> bool:
-    """Same weights bit for bit; same logits up to the few-row kernel's float rounding."""
+    """Same weights bit for bit; same logits up to the row kernels' float rounding."""
     loaded_state, original_state = loaded.state_dict(), original.state_dict()
     if loaded_state.keys() != original_state.keys():
         return False

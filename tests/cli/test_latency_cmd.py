@@ -493,7 +493,9 @@ def test_retarget_to_a_latency_file_of_another_linear_kernel_warns(cpu_run, tmp_
                      else "onednn-packed"},
              "unnamed": {"device": "cpu"},
              "same": {"device": "cpu", "linear_kernel": used},
-             "gpu": {"device": "cuda", "linear_kernel": "torch"}}
+             "gpu": {"device": "cuda", "linear_kernel": "torch"},
+             "bf16": {"device": "cpu", "dtype": "bfloat16",
+                      "linear_kernel": row_kernel(torch.empty(0, 0, dtype=torch.bfloat16))}}
     for name, fields in cases.items():
         timed = replace(measured, hardware={**measured.hardware, "kind": "measured", **fields})
         timed.save(tmp_path / f"{name}.json")
