@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_compile_cpu.py --tiny --rounds 2   # checks the script only
 
 The static engine's CPU step is ``StaticLlama.backbone`` over the filled part of the cache plus
-the lm_head rows, with the model's linears on the few-row kernel. This times that forward for
+the lm_head rows, with the model's linears on its CPU row kernels. This times that forward for
 ``q`` rows (one token, or a tree of q-1 nodes) eager and compiled by inductor (``dynamic=True``:
 on the CPU the attended length changes every step, so a graph per length would recompile every
 step), in interleaved rounds at the same past length, and checks the compiled hidden states
@@ -33,7 +33,7 @@ CONFIG = ROOT / "trees" / "latency" / "SmolLM2-135M-Instruct.Q4_1"
 
 
 def tiny_model(folder: Path) -> torch.nn.Module:
-    """A tiny random Llama built the way the real one is (few-row kernel included)."""
+    """A tiny random Llama built the way the real one is (row kernels included)."""
     from transformers import LlamaConfig
 
     LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -20,7 +20,8 @@ for exactly those shapes. Two kernels, fastest first:
   rows of other CPU weights (other dtypes, weights sliced per call, no oneDNN).
 
 Both differ from ``F.linear`` by float rounding only (about 1e-6 relative). GPUs (cuBLAS) have no
-such gap, and gradients need ``F.linear``'s autograd path, so both keep ``F.linear``.
+such gap, gradients need ``F.linear``'s autograd path and torch.compile lowers ``F.linear``
+itself (inductor packs CPU weights on its own), so those keep ``F.linear``.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None, *,
     """
     in_features = features.shape[-1]
     rows = features.reshape(-1, in_features)
-    if (rows.shape[0] == 0 or weight.device.type != "cpu"
+    # Traced by torch.compile: inductor lowers F.linear (and packs CPU weights itself)
+    if (rows.shape[0] == 0 or weight.device.type != "cpu" or torch.compiler.is_compiling()
             or _records_gradient(features, weight, bias)):
         return F.linear(features, weight, bias)
     if reused and _packs(weight, features):

@@ -187,6 +187,15 @@ def test_parameters_take_the_kernel_when_no_gradient_is_recorded(monkeypatch, mo
     assert calls["F.linear"] == 0 and out.shape == (3, 8)
 
 
+def test_traced_products_keep_f_linear(monkeypatch):
+    # torch.compile cannot lower the packed op over an eager-made copy; inductor packs itself.
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    calls = _count_linear_calls(monkeypatch)
+    with torch.no_grad():
+        project_rows(torch.randn(3, 16), torch.randn(8, 16), None, reused=True)
+    assert calls["F.linear"] == 1
+
+
 def test_recorded_products_keep_f_linear(monkeypatch):
     layer = nn.Linear(16, 8)
     calls = _count_linear_calls(monkeypatch)
