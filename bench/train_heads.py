@@ -77,15 +77,32 @@ def gsm8k_train_questions(shared: Path) -> list[str]:
     return [row["question"] for row in rows]
 
 
-def stdlib_code_prompts(max_chars: int) -> list[str]:
-    return [prompt for prompt, _ in stdlib_code_pairs(max_chars)]
+# Folders of the standard library that are not its code: tests, demos, installed packages.
+NOT_LIBRARY = {"site-packages", "dist-packages", "test", "tests", "idle_test", "turtledemo",
+               "ensurepip", "__phello__", "pydoc_data"}
 
 
-def stdlib_code_pairs(max_chars: int) -> list[tuple[str, str]]:
+def stdlib_sources(subpackages: bool = False) -> list[Path]:
+    """The standard library's modules: the top-level ``*.py`` files, and with ``subpackages``
+    those of its packages too (``email``, ``asyncio``, ...), never tests, demos or installed
+    packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not subpackages:
+        return sorted(root.glob("*.py"))
+    return sorted(path for path in root.rglob("*.py")
+                  if not any(part in NOT_LIBRARY or part.startswith("config-")
+                             for part in path.relative_to(root).parts[:-1]))
+
+
+def stdlib_code_prompts(max_chars: int, subpackages: bool = False) -> list[str]:
+    return [prompt for prompt, _ in stdlib_code_pairs(max_chars, subpackages)]
+
+
+def stdlib_code_pairs(max_chars: int, subpackages: bool = False) -> list[tuple[str, str]]:
     """(HumanEval-style prompt: signature + docstring, the whole function) of top-level
-    functions of the standard library."""
+    functions of the standard library's modules (``stdlib_sources``)."""
     prompts: list[tuple[str, str]] = []
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+    for path in stdlib_sources(subpackages):
         try:
             source = path.read_text(encoding="utf-8")
             tree = ast.parse(source)
@@ -202,7 +219,8 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     exclude = excluded_texts()
     rng = random.Random(args.seed)
     math = [q for q in gsm8k_train_questions(Path(args.shared)) if q.strip() not in exclude]
-    code = [p for p in stdlib_code_prompts(args.max_prompt_chars) if p.strip() not in exclude]
+    code = [p for p in stdlib_code_prompts(args.max_prompt_chars, args.code_subpackages)
+            if p.strip() not in exclude]
     turns = sharegpt_first_turns(exclude, args.max_prompt_chars, limit=60000)
     lit = [t for t in lit_prompts() if t not in exclude]
     chat = [t for t in turns if not _is_creative_request(t)]
@@ -237,7 +255,7 @@ def text_pairs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     # GSM8K's <<48/2=24>> calculator annotations are not what a chat model writes
     math = [(row["question"], re.sub(r"<<[^>]*>>", "", row["answer"])) for row in rows
             if row["question"].strip() not in exclude]
-    code = [pair for pair in stdlib_code_pairs(args.max_prompt_chars)
+    code = [pair for pair in stdlib_code_pairs(args.max_prompt_chars, args.code_subpackages)
             if pair[0].strip() not in exclude]
     chat = [pair for pair in sharegpt_first_exchanges(exclude, args.max_prompt_chars, 60000)
             if pair[1] and not _is_creative_request(pair[0])]
@@ -448,6 +466,9 @@ def main() -> int:
                         help="also train on the self-distilled data alone (how much the "
                              "teacher-forced data adds)")
     parser.add_argument("--stop-after", choices=["data", "all"], default="all")
+    parser.add_argument("--code-subpackages", action="store_true",
+                        help="code prompts from the standard library's packages too (email, "
+                        "asyncio, ...), not only its top-level modules")
     parser.add_argument("--later-turns", action="store_true",
                         help="also self-distill ShareGPT human turns after the first (of "
                              "conversations that are no task's), as the 'chat-later' pool")
@@ -467,11 +488,13 @@ def main() -> int:
     base = load_base_model()
     log(f"model {base.name} loaded")
     later = "-later" if args.later_turns else ""
-    prompts_path = work / f"train-prompts-{args.train_prompts}-seed{args.seed}{later}.json"
+    packages = "-subpackages" if args.code_subpackages else ""
+    prompts_path = (work / f"train-prompts-{args.train_prompts}-seed{args.seed}{later}"
+                    f"{packages}.json")
     if not prompts_path.is_file():
         prompts_path.write_text(json.dumps(training_prompts(args)))
     prompts = [tuple(p) for p in json.loads(prompts_path.read_text())]
-    pairs_path = work / f"text-pairs-{args.text_examples}-seed{args.seed}.json"
+    pairs_path = work / f"text-pairs-{args.text_examples}-seed{args.seed}{packages}.json"
     if not pairs_path.is_file():
         pairs_path.write_text(json.dumps(text_pairs(args)))
     pairs = [tuple(p) for p in json.loads(pairs_path.read_text())]

@@ -67,7 +67,7 @@ def test_written_mix_is_what_heads_data_reads(driver, tmp_path, shared_datasets)
 
     args = Namespace(write_jsonl=str(tmp_path / "mix.jsonl.gz"), train_prompts=10,
                      text_examples=3, max_prompt_chars=600, seed=0, later_turns=True,
-                     shared=str(shared_datasets))
+                     code_subpackages=False, shared=str(shared_datasets))
     assert driver.write_jsonl(args) == 0
     rows = read_jsonl_items(tmp_path / "mix.jsonl.gz")
     with gzip.open(tmp_path / "mix.jsonl.gz", "rt") as handle:
@@ -77,3 +77,22 @@ def test_written_mix_is_what_heads_data_reads(driver, tmp_path, shared_datasets)
     assert {r[2] for r in rows[3:]} == {"math", "code", "chat", "lit", "chat-later"}
     exclude = driver.excluded_texts()
     assert not {r[0].strip() for r in rows} & exclude
+
+
+def test_code_prompts_from_subpackages_add_to_the_top_level_ones(driver):
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    top = driver.stdlib_sources()
+    every = driver.stdlib_sources(subpackages=True)
+    assert top == sorted(root.glob("*.py")) and set(top) < set(every)
+    assert root / "email" / "utils.py" in every
+    inner = [path.relative_to(root).parts[:-1] for path in every]
+    assert not any(set(parts) & driver.NOT_LIBRARY for parts in inner)
+    assert not any(part.startswith("config-") for parts in inner for part in parts)
+    prompts = driver.stdlib_code_prompts(600)
+    more = driver.stdlib_code_prompts(600, subpackages=True)
+    assert set(prompts) < set(more)
+    assert any("def parseaddr(" in prompt for prompt in more)  # email.utils
+    assert not any("def parseaddr(" in prompt for prompt in prompts)
