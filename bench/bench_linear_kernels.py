@@ -73,5 +73,6 @@ def main() -> None:
                   f"{ms['few-row'] / ms['packed']:>14.2f}x {ms['oneDNN'] / ms['packed']:>13.2f}x "
                   f"{diff:>11.2e}")
 
+
 if __name__ == "__main__":
     main()
