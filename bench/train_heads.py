@@ -10,8 +10,9 @@ Stages (each cached under --work, so a rerun resumes where it stopped):
      ``CODE_INSTRUCTION`` (the wording of the code task; HumanEval itself is not used);
    - chat: first human turns of ShareGPT conversations that are not task prompts and not
      creative requests;
-   - lit: creative-writing requests from templates (form x topic; the ShareGPT creative
-     requests in the packaged file all belong to the lit task);
+   - lit: creative-writing requests from templates (form x topic, and with --more-lit
+     character x event; the ShareGPT creative requests in the packaged file all belong to the
+     lit task);
 2. greedy trajectories of those prompts (batched, left padding), in chunks;
 3. held-out trajectories of each task's ``heldout`` split (evaluation only);
 4. training of both head types on the cached trajectories, evaluation per task, and a data
@@ -209,9 +210,36 @@ LIT_TOPICS = (
 )
 
 
-def lit_prompts() -> list[str]:
-    """Creative-writing requests from templates: the ShareGPT ones all belong to the lit task."""
-    return [f"Write {form} about {topic}." for form in LIT_FORMS for topic in LIT_TOPICS]
+# A second family for --more-lit: "Write a story about <someone> who <did something>."
+LIT_CHARACTERS = (
+    "a retired astronaut", "a shy librarian", "a street musician", "a young witch",
+    "an old fisherman", "a forgetful inventor", "a lonely lighthouse", "a stray dog",
+    "a chess champion", "a night-shift nurse", "a medieval blacksmith", "a runaway princess",
+    "a tired mail carrier", "a teenage hacker", "a desert nomad", "a clockmaker's daughter",
+    "a museum guard", "a grumpy chef", "a deep-sea diver", "a kindergarten teacher",
+)
+LIT_EVENTS = (
+    "finds a door that was not there yesterday", "receives a letter from their future self",
+    "wakes up able to hear people's thoughts", "loses their shadow",
+    "inherits a house full of locked rooms", "must deliver a package before midnight",
+    "befriends a creature nobody else can see", "discovers a map hidden in an old book",
+    "gets stuck in the same day over and over", "is asked to keep a dangerous secret",
+    "wins a prize they never entered for", "meets their childhood hero",
+    "finds a village where it never stops raining", "has one week to save their town",
+    "learns that their best friend is a ghost", "plants a seed that grows overnight",
+    "follows a mysterious song into the forest", "is mistaken for a famous spy",
+    "builds a boat to cross the sea alone", "finds a phone that calls the past",
+)
+
+
+def lit_prompts(more: bool = False) -> list[str]:
+    """Creative-writing requests from templates (the ShareGPT ones all belong to the lit task);
+    ``more`` adds the character x event stories."""
+    prompts = [f"Write {form} about {topic}." for form in LIT_FORMS for topic in LIT_TOPICS]
+    if more:
+        prompts += [f"Write a story about {who} who {event}." for who in LIT_CHARACTERS
+                    for event in LIT_EVENTS]
+    return prompts
 
 
 def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -222,7 +250,7 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     code = [p for p in stdlib_code_prompts(args.max_prompt_chars, args.code_subpackages)
             if p.strip() not in exclude]
     turns = sharegpt_first_turns(exclude, args.max_prompt_chars, limit=60000)
-    lit = [t for t in lit_prompts() if t not in exclude]
+    lit = [t for t in lit_prompts(args.more_lit) if t not in exclude]
     chat = [t for t in turns if not _is_creative_request(t)]
     pools = {"math": math, "code": code, "chat": chat, "lit": lit}
     if args.later_turns:
@@ -469,6 +497,9 @@ def main() -> int:
     parser.add_argument("--code-subpackages", action="store_true",
                         help="code prompts from the standard library's packages too (email, "
                         "asyncio, ...), not only its top-level modules")
+    parser.add_argument("--more-lit", action="store_true",
+                        help="lit prompts from a second template family too (400 'Write a "
+                        "story about <someone> who <did something>.' requests)")
     parser.add_argument("--later-turns", action="store_true",
                         help="also self-distill ShareGPT human turns after the first (of "
                              "conversations that are no task's), as the 'chat-later' pool")

@@ -61,7 +61,7 @@ from entmtp.core import (
 )
 from entmtp.treesearch import read_json
 
-from ._row_gemm import project_rows, use_row_kernels
+from ._row_gemm import project_rows, use_row_kernels, value_version
 
 HEADS_FORMAT = "entmtp-heads"
 HEADS_FORMAT_VERSION = 1
@@ -419,12 +419,11 @@ MIN_DRAFT_VOCAB = 64  # at least every top-k a tree or a profile takes
 
 
 def _tensor_key(tensor: Tensor | None) -> tuple[Any, ...]:
-    """What changes when ``tensor``'s values may have: storage, version, dtype and device
-    (inference tensors keep no version; they cannot change outside inference mode)."""
+    """What changes when ``tensor``'s values may have: storage, version, dtype and device."""
     if tensor is None:
         return (None,)
-    version = None if tensor.is_inference() else tensor._version
-    return (tensor.data_ptr(), version, tensor.dtype, tensor.device, tuple(tensor.shape))
+    return (tensor.data_ptr(), value_version(tensor), tensor.dtype, tensor.device,
+            tuple(tensor.shape))
 
 
 def check_draft_vocab_size(size: int, vocab_size: int, *, option: str) -> None:

@@ -105,7 +105,7 @@ def _packed_weight(weight: Tensor) -> Tensor:
     # (``lm_head.weight.detach()`` per call), which share its storage and version counter.
     storage = weight.untyped_storage()
     layout = (weight.storage_offset(), tuple(weight.shape), weight.stride(), weight.dtype)
-    version = None if weight.is_inference() else weight._version
+    version = value_version(weight)
     entry = _PACKED.get(id(storage))
     if entry is None or entry[0]() is not storage:
         reference = weakref.ref(storage, lambda ref, ident=id(storage): _forget(ident, ref))
@@ -119,6 +119,12 @@ def _packed_weight(weight: Tensor) -> Tensor:
         packed = _reorder(weight.detach().contiguous(), None)
     copies[layout] = (version, packed)
     return packed
+
+
+def value_version(tensor: Tensor) -> int | None:
+    """The counter autograd bumps on every in-place change of ``tensor``'s values; None for an
+    inference tensor, which keeps none and cannot change outside inference mode."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _reorder(weight: Tensor, batch_size: int | None) -> Tensor:

@@ -67,7 +67,7 @@ def test_written_mix_is_what_heads_data_reads(driver, tmp_path, shared_datasets)
 
     args = Namespace(write_jsonl=str(tmp_path / "mix.jsonl.gz"), train_prompts=10,
                      text_examples=3, max_prompt_chars=600, seed=0, later_turns=True,
-                     code_subpackages=False, shared=str(shared_datasets))
+                     code_subpackages=False, more_lit=False, shared=str(shared_datasets))
     assert driver.write_jsonl(args) == 0
     rows = read_jsonl_items(tmp_path / "mix.jsonl.gz")
     with gzip.open(tmp_path / "mix.jsonl.gz", "rt") as handle:
@@ -96,3 +96,13 @@ def test_code_prompts_from_subpackages_add_to_the_top_level_ones(driver):
     assert set(prompts) < set(more)
     assert any("def parseaddr(" in prompt for prompt in more)  # email.utils
     assert not any("def parseaddr(" in prompt for prompt in prompts)
+
+
+def test_more_lit_adds_a_second_family_and_keeps_the_first(driver):
+    first = driver.lit_prompts()
+    both = driver.lit_prompts(more=True)
+    assert both[:len(first)] == first
+    added = both[len(first):]
+    assert len(added) == len(set(added)) == len(driver.LIT_CHARACTERS) * len(driver.LIT_EVENTS)
+    assert not set(added) & set(first)
+    assert all(p.startswith("Write a story about ") and p.endswith(".") for p in added)
