@@ -95,15 +95,40 @@ def stdlib_sources(subpackages: bool = False) -> list[Path]:
                              for part in path.relative_to(root).parts[:-1]))
 
 
-def stdlib_code_prompts(max_chars: int, subpackages: bool = False) -> list[str]:
-    return [prompt for prompt, _ in stdlib_code_pairs(max_chars, subpackages)]
+# Folders of an installed package that are not its library code.
+NOT_PACKAGE_CODE = NOT_LIBRARY | {"testing", "_vendor", "vendor", "benchmarks", "examples"}
 
 
-def stdlib_code_pairs(max_chars: int, subpackages: bool = False) -> list[tuple[str, str]]:
+def package_sources(packages: tuple[str, ...] | list[str]) -> list[Path]:
+    """The ``*.py`` files of installed packages (``torch``, ``sympy``, ...), never their tests,
+    vendored copies, benchmarks or examples."""
+    import importlib.util
+
+    paths: list[Path] = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            print(f"--code-packages {name}: no installed package of that name; name "
+                  "importable top-level packages (torch, sympy, ...)", file=sys.stderr)
+            raise SystemExit(2)
+        for folder in map(Path, spec.submodule_search_locations):
+            paths += [path for path in folder.rglob("*.py")
+                      if not set(path.relative_to(folder).parts[:-1]) & NOT_PACKAGE_CODE]
+    return sorted(paths)
+
+
+def library_code_prompts(max_chars: int, subpackages: bool = False,
+                        packages: tuple[str, ...] = ()) -> list[str]:
+    return [prompt for prompt, _ in library_code_pairs(max_chars, subpackages, packages)]
+
+
+def library_code_pairs(max_chars: int, subpackages: bool = False,
+                      packages: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(HumanEval-style prompt: signature + docstring, the whole function) of top-level
-    functions of the standard library's modules (``stdlib_sources``)."""
+    functions of the standard library's modules (``stdlib_sources``) and of the installed
+    ``packages`` (``package_sources``)."""
     prompts: list[tuple[str, str]] = []
-    for path in stdlib_sources(subpackages):
+    for path in stdlib_sources(subpackages) + package_sources(packages):
         try:
             source = path.read_text(encoding="utf-8")
             tree = ast.parse(source)
@@ -124,6 +149,10 @@ def stdlib_code_pairs(max_chars: int, subpackages: bool = False) -> list[tuple[s
                     (CODE_INSTRUCTION.format(prompt=head), f"```python\n{whole}\n```")
                 )
     return prompts
+
+
+def code_packages(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(name for name in (getattr(args, "code_packages", "") or "").split(",") if name)
 
 
 def sharegpt_first_turns(exclude: set[str], max_chars: int, limit: int) -> list[str]:
@@ -247,7 +276,8 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     exclude = excluded_texts()
     rng = random.Random(args.seed)
     math = [q for q in gsm8k_train_questions(Path(args.shared)) if q.strip() not in exclude]
-    code = [p for p in stdlib_code_prompts(args.max_prompt_chars, args.code_subpackages)
+    code = [p for p in library_code_prompts(args.max_prompt_chars, args.code_subpackages,
+                                          code_packages(args))
             if p.strip() not in exclude]
     turns = sharegpt_first_turns(exclude, args.max_prompt_chars, limit=60000)
     lit = [t for t in lit_prompts(args.more_lit) if t not in exclude]
@@ -283,7 +313,8 @@ def text_pairs(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     # GSM8K's <<48/2=24>> calculator annotations are not what a chat model writes
     math = [(row["question"], re.sub(r"<<[^>]*>>", "", row["answer"])) for row in rows
             if row["question"].strip() not in exclude]
-    code = [pair for pair in stdlib_code_pairs(args.max_prompt_chars, args.code_subpackages)
+    code = [pair for pair in library_code_pairs(args.max_prompt_chars, args.code_subpackages,
+                                                 code_packages(args))
             if pair[0].strip() not in exclude]
     chat = [pair for pair in sharegpt_first_exchanges(exclude, args.max_prompt_chars, 60000)
             if pair[1] and not _is_creative_request(pair[0])]
@@ -497,6 +528,10 @@ def main() -> int:
     parser.add_argument("--code-subpackages", action="store_true",
                         help="code prompts from the standard library's packages too (email, "
                         "asyncio, ...), not only its top-level modules")
+    parser.add_argument("--code-packages", default="", metavar="NAME,NAME",
+                        help="code prompts from these installed packages too (torch, sympy, "
+                        "...: their top-level functions with a docstring, no tests or "
+                        "vendored code)")
     parser.add_argument("--more-lit", action="store_true",
                         help="lit prompts from a second template family too (400 'Write a "
                         "story about <someone> who <did something>.' requests)")

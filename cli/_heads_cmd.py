@@ -94,11 +94,12 @@ def train(
                                    "for several (prompts per task: --prompts)."),
     data: str | None = typer.Option(None, "--data", help="JSONL file with a 'prompt' field "
                                     "instead of tasks."),
-    from_data: Path | None = typer.Option(None, "--from-data", help="Train on a folder made by "
-                                          "`entmtp heads data` (for this model) instead of "
-                                          "generating: --task/--data/--mode are then unused."),
+    from_data: list[Path] = typer.Option([], "--from-data", help="Train on a folder made by "
+                                         "`entmtp heads data` (for this model) instead of "
+                                         "generating; repeat to train on several: "
+                                         "--task/--data/--mode are then unused."),
     allow_unfinished: bool = typer.Option(False, "--allow-unfinished", help="With --from-data: "
-                                          "train on the finished shards of a stopped run."),
+                                          "train on the finished shards of stopped runs."),
     split: str = typer.Option("calibration", "--split", help="calibration, heldout or all; "
                               "keep heldout unseen for `entmtp validate`."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts per task."),
@@ -128,10 +129,11 @@ def train(
                                 "one token; 0: the token alone."),
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per teacher-forced "
                                       "forward when reading --from-data."),
-    hidden_cache: Path | None = typer.Option(None, "--hidden-cache", help="With --from-data: "
-                                             "keep the base model's hidden states in this file "
-                                             "(written on the first run, read by later ones: "
-                                             "the forward costs more than training on a CPU)."),
+    hidden_cache: list[Path] = typer.Option([], "--hidden-cache", help="With --from-data: "
+                                            "keep the base model's hidden states in this file "
+                                            "(written on the first run, read by later ones: "
+                                            "the forward costs more than training on a CPU); "
+                                            "one per --from-data, in the same order."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
     force: bool = FORCE_OPTION,
@@ -169,17 +171,24 @@ def train(
     if distill < 0 or (distill and loss == "seen"):
         raise EntmtpError(f"--distill {distill} with --loss {loss}: give a top-K of at least 1 "
                           "(0: no distillation) with --loss full or batch")
-    if hidden_cache is not None and from_data is None:
+    if hidden_cache and not from_data:
         raise EntmtpError("--hidden-cache keeps the hidden states of --from-data: give both")
-    if hidden_cache is not None and hidden_cache.is_dir():
-        raise EntmtpError(f"--hidden-cache {hidden_cache} is a folder: name a file")
+    if hidden_cache and len(hidden_cache) != len(from_data):
+        raise EntmtpError(f"{len(hidden_cache)} --hidden-cache files for {len(from_data)} "
+                          "--from-data folders: give one file per folder, in the same order")
+    for path in hidden_cache:
+        if path.is_dir():
+            raise EntmtpError(f"--hidden-cache {path} is a folder: name a file")
+    if len(set(map(Path.resolve, from_data))) != len(from_data):
+        raise EntmtpError("--from-data names a folder twice: give each folder once")
     from entmtp.calibrate import check_heads_target
 
     check_heads_target(out)  # before hours of training, not after
-    if from_data is not None:
+    if from_data:
         from entmtp.calibrate import read_head_data_index
 
-        read_head_data_index(from_data)  # a missing or foreign folder fails before the model loads
+        for folder in from_data:  # a missing or foreign folder fails before the model loads
+            read_head_data_index(folder)
         items: list[Any] = []
     else:
         items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
@@ -191,23 +200,23 @@ def train(
     started = time.perf_counter()
     source: dict[str, Any]
     with StageProgress(console) as progress:
-        if from_data is not None:
+        if from_data:
             from entmtp.calibrate import cached_trajectories, read_head_data
 
-            head_data = read_head_data(from_data, base, allow_unfinished=allow_unfinished)
-            trajectories = cached_trajectories(base, head_data, hidden_cache,
-                                               batch_size=forward_batch, progress=progress)
+            caches: list[Path | None] = list(hidden_cache) or [None] * len(from_data)
+            trajectories = []
+            folders = []
+            for folder, cache in zip(from_data, caches, strict=True):
+                head_data = read_head_data(folder, base, allow_unfinished=allow_unfinished)
+                trajectories += cached_trajectories(base, head_data, cache,
+                                                    batch_size=forward_batch, progress=progress)
+                folders.append(_head_data_record(head_data.index))
             report = train_on_trajectories(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, progress=progress,
                 heldout_fraction=heldout_fraction, softmax_vocab=loss, distill_topk=distill,
             )
-            index = head_data.index
-            source = {"head_data": {"plan_sha256": index["plan_sha256"],
-                                    "shards": f"{len(index['shards'])} of {index['num_shards']}",
-                                    "sources": index["sources"],
-                                    "records": sum(s["records"] for s in index["shards"]),
-                                    "tokens": sum(s["tokens"] for s in index["shards"])}}
+            source = {"head_data": folders}
         else:
             report = train_heads(
                 base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
@@ -237,6 +246,15 @@ def train(
         console.print("no held-out trajectories: raise --heldout-fraction or --prompts for an "
                       "accuracy table")
     console.print(f"wrote {path}")
+
+
+def _head_data_record(index: dict[str, Any]) -> dict[str, Any]:
+    """What a heads config records of one head-data folder it trained on."""
+    return {"plan_sha256": index["plan_sha256"],
+            "shards": f"{len(index['shards'])} of {index['num_shards']}",
+            "sources": index["sources"],
+            "records": sum(s["records"] for s in index["shards"]),
+            "tokens": sum(s["tokens"] for s in index["shards"])}
 
 
 def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers: int | None,

@@ -91,8 +91,8 @@ def test_code_prompts_from_subpackages_add_to_the_top_level_ones(driver):
     inner = [path.relative_to(root).parts[:-1] for path in every]
     assert not any(set(parts) & driver.NOT_LIBRARY for parts in inner)
     assert not any(part.startswith("config-") for parts in inner for part in parts)
-    prompts = driver.stdlib_code_prompts(600)
-    more = driver.stdlib_code_prompts(600, subpackages=True)
+    prompts = driver.library_code_prompts(600)
+    more = driver.library_code_prompts(600, subpackages=True)
     assert set(prompts) < set(more)
     assert any("def parseaddr(" in prompt for prompt in more)  # email.utils
     assert not any("def parseaddr(" in prompt for prompt in prompts)
@@ -106,3 +106,31 @@ def test_more_lit_adds_a_second_family_and_keeps_the_first(driver):
     assert len(added) == len(set(added)) == len(driver.LIT_CHARACTERS) * len(driver.LIT_EVENTS)
     assert not set(added) & set(first)
     assert all(p.startswith("Write a story about ") and p.endswith(".") for p in added)
+
+
+def test_code_packages_add_their_functions_and_never_their_tests(driver):
+    from pathlib import Path
+
+    files = driver.package_sources(["typer", "numpy"])
+    assert files and all(path.suffix == ".py" for path in files)
+    inner = [path.parts[path.parts.index("site-packages") + 1:-1] for path in files]
+    assert {parts[0] for parts in inner} == {"typer", "numpy"}
+    assert not any(set(parts) & driver.NOT_PACKAGE_CODE for parts in inner)
+    numpy_root = next(p for p in files if p.parent.name == "numpy").parent
+    assert any(numpy_root.rglob("tests/test_*.py"))  # there were tests to leave out
+    alone = driver.library_code_prompts(600)
+    more = driver.library_code_prompts(600, packages=("typer",))
+    assert set(alone) < set(more)
+    added = set(more) - set(alone)
+    typer_root = Path(driver.package_sources(["typer"])[0]).parent
+    assert any(f"def {name}(" in prompt for prompt in added
+               for name in ("echo", "secho", "launch", "get_app_dir"))
+    assert typer_root.name == "typer"
+
+
+def test_an_unknown_code_package_is_one_line_and_exit_2(driver, capsys):
+    with pytest.raises(SystemExit) as stop:
+        driver.package_sources(["no_such_package_xyz"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no_such_package_xyz" in err

@@ -90,7 +90,8 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
         heads = load_heads(out, base.model)
         training = json.loads((out / "config.json").read_text())["training"]
         assert heads.head_type == head_type and training["softmax_vocab"] == "full"
-        assert training["head_data"]["records"] == 5 and training["heldout_trajectories"] == 1
+        assert [d["records"] for d in training["head_data"]] == [5]
+        assert training["heldout_trajectories"] == 1
 
 
 def test_hidden_cache_is_written_once_and_serves_later_runs(tiny_model_dir, tmp_path,
@@ -146,6 +147,50 @@ def test_hidden_cache_is_written_once_and_serves_later_runs(tiny_model_dir, tmp_
     one_line_error(invoke(["heads", "train", "--type", "medusa", "--model", tiny_model_dir,
                            "--from-data", folder, "--hidden-cache", tmp_path,
                            "--out", tmp_path / "h"]), "is a folder")
+
+
+def test_several_data_folders_train_together_each_with_its_cache(tiny_model_dir, tmp_path):
+    """Repeated --from-data trains on every folder's trajectories (each recorded in the config),
+    each folder's hidden states kept in its own --hidden-cache; a cache count that does not
+    match, or a folder named twice, is a one-line error."""
+    from safetensors.torch import load_file
+
+    first = make_data(tiny_model_dir, tmp_path, max_new_tokens=6)
+    second = tmp_path / "second"
+    with gzip.open(tmp_path / "more.jsonl.gz", "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps({"prompt": f"Count to {n}.", "source": "more"}) + "\n"
+                          for n in range(3))
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data",
+                   tmp_path / "more.jsonl.gz", "--max-new-tokens", 5, "--out", second])
+    assert made.exit_code == 0, made.output
+    caches = [tmp_path / "first.hidden", tmp_path / "second.hidden"]
+
+    def train(out, *extra):
+        return invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                       "--num-heads", 2, "--epochs", 1, "--batch-size", 8,
+                       "--heldout-fraction", 0, *extra, "--out", out])
+
+    both = train(tmp_path / "both", "--from-data", first, "--from-data", second,
+                 "--hidden-cache", caches[0], "--hidden-cache", caches[1])
+    assert both.exit_code == 0, both.output
+    assert all(path.is_file() for path in caches)
+    training = json.loads((tmp_path / "both" / "config.json").read_text())["training"]
+    assert [d["records"] for d in training["head_data"]] == [5, 3]
+    assert [d["sources"] for d in training["head_data"]][1] == ["more"]
+    assert training["train_trajectories"] == 8
+    again = train(tmp_path / "again", "--from-data", first, "--from-data", second,
+                  "--hidden-cache", caches[0], "--hidden-cache", caches[1])
+    assert again.exit_code == 0, again.output
+    a, b = (load_file(tmp_path / name / "heads.safetensors") for name in ("both", "again"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the caches hold what the forward gave
+    one_line_error(train(tmp_path / "h", "--from-data", first, "--from-data", second,
+                         "--hidden-cache", caches[0]), "give one file per folder")
+    one_line_error(train(tmp_path / "h", "--from-data", first, "--from-data", first),
+                   "names a folder twice")
+    one_line_error(train(tmp_path / "h", "--from-data", first, "--from-data", second,
+                         "--hidden-cache", caches[1], "--hidden-cache", caches[0]),
+                   "holds hidden states of other head data")
+    assert not (tmp_path / "h").exists()
 
 
 def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
