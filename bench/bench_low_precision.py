@@ -111,12 +111,13 @@ def main() -> None:
     results = []
     for dtype in args.dtype or ["bf16", "fp16"]:
         base = load_base(args.model, device=args.device, dtype=dtype)  # once per dtype
-        heads_by_type: dict[str, Any] = {}
+        heads_by_key: dict[tuple[str, str], Any] = {}
         for path, bundle in bundles:
-            kind = bundle.heads.type
-            if kind not in heads_by_type:
-                heads_by_type[kind] = load_heads_for(base, args.heads, kind, args.model)
-            result = run_bundle(args, base, heads_by_type[kind], bundle, dtype)
+            key = (bundle.heads.type, bundle.heads.sha256)
+            if key not in heads_by_key:
+                heads_by_key[key] = load_heads_for(base, args.heads, bundle.heads.type, args.model,
+                                                   bundle.heads.sha256)
+            result = run_bundle(args, base, heads_by_key[key], bundle, dtype)
             results.append({"bundle": str(path), **result})
     print("first departure from plain greedy decoding in the same dtype (near-tie: gap <= "
           f"{NEAR_TIE_ULPS:g} units of the dtype's resolution at the top logit)")

@@ -57,9 +57,17 @@ def check_device(device: str) -> str:
     return device
 
 
-def shipped_heads_path(head_type: str) -> Path:
-    folder = resources.files("entmtp.trees").joinpath("heads", SHIPPED_HEADS[head_type])
-    path = Path(str(folder))
+def shipped_heads_path(head_type: str, sha256: str | None = None) -> Path:
+    """The shipped heads folder of ``head_type``: the one whose weights have ``sha256`` (a
+    bundle's heads; some tasks ship heads of their own), else the default one."""
+    root = Path(str(resources.files("entmtp.trees").joinpath("heads")))
+    if sha256 is not None:
+        for folder in sorted(root.glob("*/config.json")):
+            config = _read_config(folder)
+            if (config.get("head_type") == head_type
+                    and str(config.get("sha256", "")).lower() == sha256.lower()):
+                return folder.parent
+    path = root / SHIPPED_HEADS[head_type]
     if not path.is_dir():
         raise EntmtpError(
             f"no shipped {head_type} heads at {path}: pass --heads FOLDER or train some with "
@@ -68,7 +76,20 @@ def shipped_heads_path(head_type: str) -> Path:
     return path
 
 
-def resolve_heads(heads: str | None, head_type: str, model: str | None) -> Path:
+def _read_config(path: Path) -> dict:
+    import json
+
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def resolve_heads(heads: str | None, head_type: str, model: str | None,
+                  sha256: str | None = None) -> Path:
+    """The ``--heads`` folder, else the shipped heads of ``head_type`` (those with ``sha256``
+    when some are: the heads a bundle was calibrated for)."""
     check_head_type(head_type)
     if heads is not None:
         path = Path(heads).expanduser()
@@ -79,7 +100,7 @@ def resolve_heads(heads: str | None, head_type: str, model: str | None) -> Path:
     if model is not None:
         raise EntmtpError("--heads is required with --model: the shipped heads fit only the "
                           "default model")
-    return shipped_heads_path(head_type)
+    return shipped_heads_path(head_type, sha256)
 
 
 def quiet_transformers() -> None:
@@ -100,11 +121,13 @@ def load_base(model: str | None, *, device: str = "cpu", dtype: str = "fp32"):
     return load_base_model(model, dtype=dtype_name, device=device)
 
 
-def load_heads_for(base, heads: str | None, head_type: str, model: str | None):
-    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type``."""
+def load_heads_for(base, heads: str | None, head_type: str, model: str | None,
+                   sha256: str | None = None):
+    """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type`` (those
+    with ``sha256`` when some are)."""
     from ._heads import load_heads
 
-    return load_heads(resolve_heads(heads, head_type, model), base.model)
+    return load_heads(resolve_heads(heads, head_type, model, sha256), base.model)
 
 
 def load_model_and_heads(model: str | None, heads: str | None, head_type: str, *,

@@ -167,11 +167,14 @@ def measurement_threads(bundles: Sequence[tuple[Path, Bundle]],
     return None, "torch default"
 
 
-def load_head_sets(base, heads: Sequence[str], head_type: str | None, model: str | None):
+def load_head_sets(base, heads: Sequence[str], head_type: str | None, model: str | None,
+                   bundles: Sequence[Bundle] = ()):
     """The ``--heads`` folders (at most one per head type), else the shipped heads of
-    ``--head-type`` or of every type."""
+    ``--head-type`` or of every type: for a type with a bundle, the ones it was calibrated
+    for."""
     if not heads:
-        return [load_heads_for(base, None, t, model)
+        wanted = {b.heads.type: b.heads.sha256 for b in bundles}
+        return [load_heads_for(base, None, t, model, wanted.get(t))
                 for t in ([head_type] if head_type else HEAD_TYPES)]
     head_sets = [load_heads_for(base, h, head_type or "medusa", model) for h in heads]
     types = [h.head_type for h in head_sets]
@@ -404,7 +407,8 @@ def bench(
                                      num_prompts=prompts, seed=seed)
     check_outputs(json_path, plot)
     base = load_base(model, device=device, dtype=dtype)
-    head_sets = load_head_sets(base, heads or [], head_type, model)
+    head_sets = load_head_sets(base, heads or [], head_type, model,
+                               [bundle for _, bundle in bundles])
     arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)

@@ -99,7 +99,8 @@ def decode(
         raise EntmtpError("--prompt is empty: give the text to continue")
     _, bundle = read_bundle(source)
     base = load_base(model, device=device, dtype=dtype)
-    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
+    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model,
+                                 bundle.heads.sha256)
     check_bundle_fits(bundle, base, draft_heads)
     ids = base.encode_prompt(prompt)
     if not ids:

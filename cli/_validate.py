@@ -137,7 +137,8 @@ def validate(
                                      num_prompts=prompts, seed=seed)
     check_outputs(json_path)
     base = load_base(model, device=device, dtype=dtype)
-    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model)
+    draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model,
+                                 bundle.heads.sha256)
     check_bundle_fits(bundle, base, draft_heads)
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
 

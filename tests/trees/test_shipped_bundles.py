@@ -37,9 +37,13 @@ def shipped(*parts: str) -> Path:
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("task", TASKS)
 def test_shipped_bundle_matches_its_heads_and_latency_model(task, head_type, target):
+    from entmtp.calibrate import shipped_heads_path
+
     bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-{target}.json"))
-    heads_config = json.loads(
-        shipped("heads", f"smollm2-135m-{head_type}", "config.json").read_text())
+    # the default heads of the type, or a task's own shipped heads, found by their sha256
+    heads_folder = shipped_heads_path(head_type, bundle.heads.sha256)
+    heads_config = json.loads((heads_folder / "config.json").read_text())
+    assert heads_config["head_type"] == head_type
     latency_name, hardware = TARGETS[target]
     latency_name = latency_name.format(head_type=head_type)
     latency = LatencyModel.load(shipped("latency", latency_name))
@@ -145,12 +149,16 @@ def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, 
     from entmtp.cli._live import check_bundle_fits
     from entmtp.treesearch import EntmtpError
 
-    heads = load_heads_for(default_base, None, head_type, None)
-    assert heads.dtype == default_base.model.dtype
     bundles = shipped_bundles(head_type)
     assert len(bundles) == len(TASKS) * len(TARGETS)
+    loaded = {}
     for path in bundles:
-        check_bundle_fits(load_bundle(path), default_base, heads)
+        bundle = load_bundle(path)
+        sha = bundle.heads.sha256
+        if sha not in loaded:
+            loaded[sha] = load_heads_for(default_base, None, head_type, None, sha)
+            assert loaded[sha].dtype == default_base.model.dtype
+        check_bundle_fits(bundle, default_base, loaded[sha])
 
     changed = load_heads_for(default_base, str(one_weight_changed(head_type, tmp_path / "h")),
                              head_type, None)
