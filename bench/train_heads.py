@@ -492,6 +492,59 @@ def write_jsonl(args: argparse.Namespace) -> int:
     return 0
 
 
+def new_prompts(rows: list[dict], seen: set[str], takes: dict[str, int | None]) -> list[dict]:
+    """The self-distillation lines of ``rows`` (a mix) whose prompt is not in ``seen`` (earlier
+    mixes), the first ``takes[source]`` of each source (None: all), interleaved by source in the
+    order of ``takes``."""
+    pools: dict[str, list[dict]] = {source: [] for source in takes}
+    for row in rows:
+        source = row["source"]
+        if "answer" in row or source not in pools or row["prompt"] in seen:
+            continue
+        limit = takes[source]
+        if limit is None or len(pools[source]) < limit:
+            pools[source].append(row)
+    return [row for _, row in interleave(pools, sum(map(len, pools.values())))]
+
+
+def parse_takes(specs: list[str]) -> dict[str, int | None]:
+    """``["code=all", "math=300"]`` -> {"code": None, "math": 300}."""
+    takes: dict[str, int | None] = {}
+    for spec in specs:
+        source, _, count = spec.partition("=")
+        if not source or not (count == "all" or count.isdigit()):
+            raise ValueError(f"--take {spec!r}: write SOURCE=N or SOURCE=all")
+        takes[source] = None if count == "all" else int(count)
+    return takes
+
+
+def write_new_prompts(args: argparse.Namespace) -> int:
+    """--select-from MIX --not-in EARLIER --take SOURCE=N --write-jsonl OUT."""
+    import gzip
+
+    def read(path: str) -> list[dict]:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    try:
+        takes = parse_takes(args.take)
+        rows = read(args.select_from)
+        seen = {row["prompt"] for path in args.not_in for row in read(path)}
+    except (OSError, ValueError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    selected = new_prompts(rows, seen, takes)
+    path = Path(args.write_jsonl)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in selected)
+    tmp.replace(path)
+    counts = {source: sum(row["source"] == source for row in selected) for source in takes}
+    log(f"wrote {path}: {counts}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="/tmp/entmtp-heads")
@@ -542,7 +595,19 @@ def main() -> int:
                         help="only write the training mix (--train-prompts prompts to "
                              "self-distill, --text-examples prompt+answer pairs) as JSONL for "
                              "`entmtp heads data --data`, and stop (no model is loaded)")
+    parser.add_argument("--select-from", metavar="MIX.jsonl.gz",
+                        help="with --write-jsonl: write the prompts of this mix that no "
+                             "--not-in mix holds (--take SOURCE=N of each), no model loaded")
+    parser.add_argument("--not-in", action="append", default=[], metavar="MIX.jsonl.gz",
+                        help="an earlier mix whose prompts --select-from leaves out (repeat)")
+    parser.add_argument("--take", action="append", default=[], metavar="SOURCE=N",
+                        help="with --select-from: at most N prompts of SOURCE ('all': every "
+                             "one), interleaved in the order given (repeat)")
     args = parser.parse_args()
+    if args.select_from:
+        if not args.write_jsonl or not args.take:
+            parser.error("--select-from needs --write-jsonl and at least one --take")
+        return write_new_prompts(args)
     if args.write_jsonl:
         return write_jsonl(args)
     torch.set_num_threads(args.threads)

@@ -134,3 +134,52 @@ def test_an_unknown_code_package_is_one_line_and_exit_2(driver, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no_such_package_xyz" in err
+
+
+# -- --select-from: the prompts of a bigger mix that an earlier one did not hold --------------
+def _rows(*specs: tuple[str, str]) -> list[dict]:
+    return [{"prompt": prompt, "source": source} for source, prompt in specs]
+
+
+def test_new_prompts_leave_out_seen_and_answers_cap_and_interleave(driver):
+    rows = _rows(("math", "m1"), ("code", "c1"), ("math", "m2"), ("code", "c2"),
+                 ("math", "m3"), ("lit", "l1"), ("code", "c3"), ("math", "m4"))
+    rows.insert(2, {"prompt": "c9", "answer": "x", "source": "code"})
+    selected = driver.new_prompts(rows, {"m1", "c2"}, {"code": None, "math": 2})
+    assert [r["prompt"] for r in selected] == ["c1", "m2", "c3", "m3"]
+    # brute force: the same set, whatever the order of the rows within other sources
+    expected = {r["prompt"] for r in rows if "answer" not in r and r["prompt"] not in {"m1", "c2"}
+                and r["source"] in ("code", "math")} - {"m4"}
+    assert {r["prompt"] for r in selected} == expected
+
+
+def test_takes_parse_counts_and_all_and_refuse_the_rest(driver):
+    assert driver.parse_takes(["code=all", "math=300"]) == {"code": None, "math": 300}
+    for bad in ("code", "code=", "=3", "code=-1", "code=some"):
+        with pytest.raises(ValueError, match="SOURCE=N"):
+            driver.parse_takes([bad])
+
+
+def test_select_from_writes_the_new_prompts_and_refuses_a_missing_mix(driver, tmp_path,
+                                                                       monkeypatch, capsys):
+    def mix(name: str, rows: list[dict]) -> str:
+        path = tmp_path / name
+        with gzip.open(path, "wt", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+        return str(path)
+
+    big = mix("big.jsonl.gz", _rows(("code", "a"), ("code", "b"), ("lit", "c")))
+    old = mix("old.jsonl.gz", _rows(("code", "a")))
+    out = tmp_path / "new.jsonl.gz"
+    argv = ["train_heads.py", "--select-from", big, "--not-in", old, "--take", "code=all",
+            "--take", "lit=all", "--write-jsonl", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert driver.main() == 0
+    with gzip.open(out, "rt", encoding="utf-8") as handle:
+        assert [json.loads(line)["prompt"] for line in handle] == ["b", "c"]
+    monkeypatch.setattr(sys, "argv", [*argv[:2], str(tmp_path / "none.jsonl.gz"), *argv[3:]])
+    before = out.read_bytes()
+    assert driver.main() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none.jsonl.gz" in err
+    assert out.read_bytes() == before
