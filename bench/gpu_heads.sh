@@ -5,16 +5,16 @@
 # in fp16, with held-out trajectories of the four tasks and the held-out accuracy of the shipped
 # and the new heads on them (`entmtp heads eval`), side by side.
 #
-# The 98 MB GGUF travels in three device calls exactly as in bench/gpu_check.sh (whose
-# functions this script sources: python_for_entmtp, receive, join_model):
+# The 98 MB GGUF travels in parts, one per device call, exactly as in bench/gpu_check.sh (whose
+# functions this script sources: python_for_entmtp, receive, join_model, check_calls):
 #
-#   here:          bench/gpu_heads.sh prepare  -> .gpu/ as gpu_check.sh prepare makes it, plus
-#                                                 .gpu/part3/heads-mix.jsonl.gz (the training
-#                                                 mix of bench/train_heads.py --write-jsonl)
-#   device call 1: bench/gpu_check.sh receive  carry .gpu/part1
-#   device call 2: bench/gpu_check.sh receive  carry .gpu/part2
-#   device call 3: bench/gpu_heads.sh run      carry .gpu/part3 .gpu/payload
+#   here:            bench/gpu_heads.sh prepare -> .gpu/ as gpu_check.sh prepare makes it, the
+#                                                  last part with heads-mix.jsonl.gz (the training
+#                                                  mix of bench/train_heads.py --write-jsonl)
+#   calls 1..N-1:    bench/gpu_check.sh receive carry .gpu/partK
+#   device call N:   bench/gpu_heads.sh run     carry .gpu/partN .gpu/payload
 #
+# (`prepare` prints the calls and writes them to .gpu/calls.txt.)
 # `run` leaves $OUT/gpu-heads.tgz (split into <= 16 MiB parts gpu-heads.tgz.part-N when larger):
 # heads/smollm2-135m-{medusa,hydra} (fp16 safetensors + config.json with the held-out table,
 # drafting over the DRAFT_VOCAB most frequent targets; the same weights, so of heads/full-vocab-*
@@ -77,15 +77,6 @@ write_mix() {
     python_for_entmtp
     "$PY" bench/train_heads.py --write-jsonl "$1" --train-prompts "$MIX_PROMPTS" \
         --text-examples "$MIX_TEXTS" --max-prompt-chars "$MAX_PROMPT_CHARS" --later-turns
-}
-
-check_size() {
-    # one device call carries the checkout and its carry paths: at most 64 MiB
-    local tracked total
-    tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    total=$(( tracked + $(du -scb "$@" | tail -1 | cut -f1) ))
-    echo "carry $*: with the checkout $total of 67108864 bytes"
-    (( total < 67108864 )) || { echo "too large for one call: lower MIX_TEXTS" >&2; exit 2; }
 }
 
 train_and_pack() {
@@ -166,14 +157,20 @@ make_data() {
 
 case "$phase" in
 prepare)
-    PROMPTS=$EVAL_PROMPTS TASKS=$TASKS bench/gpu_check.sh prepare
-    write_mix .gpu/part3/heads-mix.jsonl.gz
-    check_size .gpu/part3 .gpu/payload
+    python_for_entmtp
+    mkdir -p .gpu
+    write_mix .gpu/heads-mix.jsonl.gz
+    RESERVE_BYTES=$(stat -c %s .gpu/heads-mix.jsonl.gz) FIRST_CALL="bench/gpu_check.sh receive" \
+        RUN_CALL="bench/gpu_heads.sh run" PROMPTS=$EVAL_PROMPTS TASKS=$TASKS \
+        bench/gpu_check.sh prepare
+    last=$(ls -d .gpu/part[0-9]* | sort -V | tail -1)
+    mv .gpu/heads-mix.jsonl.gz "$last/"
+    check_calls
     ;;
 run)
     receive
     cp .gpu/part*/heads-mix.jsonl.gz "$STAGE/" 2>/dev/null || true
-    [[ -f $STAGE/heads-mix.jsonl.gz ]] || { echo "no heads-mix.jsonl.gz: carry .gpu/part3" >&2; exit 2; }
+    [[ -f $STAGE/heads-mix.jsonl.gz ]] || { echo "no heads-mix.jsonl.gz: carry the last part (.gpu/calls.txt)" >&2; exit 2; }
     [[ $DEVICE == cpu ]] || join_model
     export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
     python_for_entmtp

