@@ -203,7 +203,7 @@ PYTHON
     train_and_pack "$STAGE/heads-data" "$STAGE/heads-results" "${OUT:-$STAGE/out}"
     ;;
 *)
-    echo "usage: bench/gpu_heads.sh prepare | run | dry-run (device calls 1-2: bench/gpu_check.sh receive)" >&2
+    echo "usage: bench/gpu_heads.sh prepare | run | dry-run (the calls before the last: bench/gpu_check.sh receive)" >&2
     exit 2
     ;;
 esac
