@@ -469,22 +469,28 @@ def describe(trajectories) -> dict:
     }
 
 
+def write_jsonl_gz(path: str, rows: list[dict]) -> Path:
+    """``rows`` as gzipped JSON lines at ``path``, whole or not at all (temp file, rename)."""
+    import gzip
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    tmp.replace(out)
+    return out
+
+
 def write_jsonl(args: argparse.Namespace) -> int:
     """The training mix as `entmtp heads data --data` reads it: "prompt" and "source", plus
     "answer" on the teacher-forced lines (source "<category>-answer")."""
-    import gzip
-
     # teacher-forced lines first: they cost no generation, so a time-boxed `heads data` run
     # (bench/gpu_heads.sh) has them all in its first shards whenever it stops
     rows = [{"prompt": prompt, "answer": answer, "source": f"{name}-answer"}
             for name, prompt, answer in (text_pairs(args) if args.text_examples else [])]
     rows += [{"prompt": text, "source": name} for name, text in training_prompts(args)]
-    path = Path(args.write_jsonl)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
-    tmp.replace(path)
+    path = write_jsonl_gz(args.write_jsonl, rows)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["source"]] = counts.get(row["source"], 0) + 1
@@ -534,12 +540,7 @@ def write_new_prompts(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     selected = new_prompts(rows, seen, takes)
-    path = Path(args.write_jsonl)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in selected)
-    tmp.replace(path)
+    path = write_jsonl_gz(args.write_jsonl, selected)
     counts = {source: sum(row["source"] == source for row in selected) for source in takes}
     log(f"wrote {path}: {counts}")
     return 0
