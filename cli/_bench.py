@@ -104,9 +104,14 @@ def load_targets(path: Path) -> tuple[Any, ...]:
 
 
 def target_checks(targets: Sequence[Any], prediction: dict[str, Any]) -> dict[str, Any]:
-    """Each target's value in a prediction check's JSON, its goal and PASS / MISS (None: n/a)."""
-    return {t.key: {"value": prediction[t.key], "goal": t.goal(),
-                    "pass": t.passes(prediction[t.key])} for t in targets}
+    """Each target's value in a prediction check's JSON, its goal and PASS / MISS (None: n/a,
+    also where the prediction flag a target names as ``not_applicable_when`` is set)."""
+    def verdict(target: Any) -> bool | None:
+        flag = getattr(target, "not_applicable_when", None)
+        return None if flag and prediction.get(flag) else target.passes(prediction[target.key])
+
+    return {t.key: {"value": prediction[t.key], "goal": t.goal(), "pass": verdict(t)}
+            for t in targets}
 
 
 # -- bundles, their rows and threads ----------------------------------------------------------

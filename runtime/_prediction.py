@@ -145,6 +145,9 @@ class PredictionCheck:
     step_time_by_tree: tuple[TreeStepTime, ...] | None  # None: not timed
     fraction_of_oracle: float | None  # replayed over the bound; None: one tree or not timed
     best_static: StaticCheck | None  # None: no best-static row measured
+    # the bundle is one tree, its best static one: the best-static row runs the same steps, so
+    # the speedup over it measures only noise
+    schedule_is_best_static: bool
     # (row name, speedup over it) of each reference row (None: not measured)
     speedup_vs_references: tuple[tuple[str, float | None], ...]
     speedup_vs_best_static: float | None
@@ -185,6 +188,7 @@ class PredictionCheck:
         if self.step_time_by_tree is not None:
             out["step_time_by_tree"] = [t.to_json() for t in self.step_time_by_tree]
         out["fraction_of_oracle"] = self.fraction_of_oracle
+        out["schedule_is_best_static"] = self.schedule_is_best_static
         if self.best_static is not None:
             out["best_static"] = self.best_static.to_json()
         for name, speedup in self.speedup_vs_references:
@@ -270,6 +274,8 @@ def check_prediction(
         # switching that held up out of sample) has no schedule for the bound to measure.
         fraction_of_oracle=oracle.entmtp_fraction_of_oracle if len(trees) > 1 else None,
         best_static=static,
+        schedule_is_best_static=(bundle.best_static is not None
+                                 and list(bundle.trees) == [bundle.best_static.tree]),
         speedup_vs_references=tuple((name, speedups.get(name)) for name in reference_rows),
         speedup_vs_best_static=speedups.get(static_name) if static_name else None,
         speedup_vs_best_static_ci95=(speedup_intervals.get(static_name) if static_name

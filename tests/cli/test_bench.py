@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -207,9 +208,12 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
         for target in TARGETS:
             check = p["targets"][target.key]
             assert check["value"] == p[target.key]
-            assert check["pass"] is target.passes(p[target.key])
-            assert check["pass"] is not None or (target.key == "fraction_of_oracle"
-                                                 and distinct == 1)
+            not_applicable = bool(target.not_applicable_when
+                                  and p[target.not_applicable_when])
+            assert check["pass"] is (None if not_applicable else target.passes(p[target.key]))
+            assert check["pass"] is not None or (
+                target.key in ("fraction_of_oracle", "speedup_vs_best_static") and distinct == 1)
+        assert p["schedule_is_best_static"] is (distinct == 1)
         assert p["targets"]["accept_length_ratio"]["pass"] is True
         assert p["targets"]["lossless"]["pass"] is True
         line = next(li for li in result.output.splitlines() if li.startswith(f"entmtp[{kind}]:"))
@@ -282,8 +286,13 @@ def test_a_one_tree_bundle_has_no_oracle_fraction(two, spy, tmp_path):
     assert p["oracle"]["entmtp_fraction_of_oracle"] == pytest.approx(1.0)
     assert p["fraction_of_oracle"] is None
     assert p["targets"]["fraction_of_oracle"]["pass"] is None
+    # timed against itself: the speedup is reported, the target is not applicable
+    assert p["schedule_is_best_static"] is True
+    assert p["speedup_vs_best_static"] is not None
+    assert p["targets"]["speedup_vs_best_static"]["pass"] is None
     line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
     assert "of oracle - n/a" in line
+    assert re.search(r"vs static [0-9.]+x \[[0-9.-]+\] n/a", line), line
 
 
 def test_two_bundles_of_one_head_type_is_a_one_line_error(two, tmp_path):
