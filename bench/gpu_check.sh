@@ -210,25 +210,7 @@ prepare)
     extra_bytes=$(( wheels + ${RESERVE_BYTES:-0} ))
     (( part_bytes > extra_bytes + 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call, $extra_bytes of them for wheels and data: ignore or remove untracked files" >&2; exit 2; }
     gzip -6 -c "$gguf" > .gpu/model.gz  # ~6% smaller: one call fewer
-    n=$("$PY" - .gpu/model.gz "$part_bytes" "$extra_bytes" <<'PYTHON'
-import pathlib, sys
-packed, part_bytes, extra_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-data = pathlib.Path(packed).read_bytes()
-last_room = part_bytes - extra_bytes
-sizes, rest = [], len(data)
-while rest > last_room or not sizes:  # at least two parts
-    sizes.append(min(part_bytes, max(rest - last_room, 1)))
-    rest -= sizes[-1]
-sizes.append(rest)
-start = 0
-for k, size in enumerate(sizes, start=1):
-    folder = pathlib.Path(f".gpu/part{k}")
-    folder.mkdir(parents=True)
-    (folder / f"model.part-{k - 1:02d}").write_bytes(data[start:start + size])
-    start += size
-print(len(sizes))
-PYTHON
-)
+    n=$("$PY" bench/model_parts.py .gpu/model.gz "$part_bytes" "$extra_bytes" .gpu)
     rm .gpu/model.gz
     LAST_PART=.gpu/part$n
     cp .gpu/payload/model.sha256 .gpu/part1/
