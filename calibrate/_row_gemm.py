@@ -9,7 +9,9 @@ for exactly those shapes. Two kernels, fastest first:
   inductor's CPU weight-packing pass emits). On a 2-core AMD EPYC (bench/bench_linear_kernels.py,
   bench/bench_row_gemm.py) a whole step of the default model is as fast as the few-row kernel for
   1-4 rows and 1.3x-2.3x faster for 5-256; each row's result is bitwise the same whatever the
-  row count, so a tree's nodes compute exactly what a one-token step would. Used for float32
+  row count, so a tree's nodes compute exactly what a one-token step would (where oneDNN rounds
+  a lone row apart, as on an AVX-512 Xeon for reductions over 1536 or more, a probe made when
+  the weight is packed finds it and single rows go through as two). Used for float32
   weights the caller reuses (``reused=True``: every ``nn.Linear`` routed here, the heads'
   projections); the copy is kept while the weight is unchanged (same storage, place in it and
   version: a detached view of the weight finds it too), costs the weight's size in memory and
@@ -29,6 +31,7 @@ from __future__ import annotations
 import functools
 import types
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +44,15 @@ _MARKER = "_entmtp_row_kernel"
 
 # id(storage) -> (weak reference to the storage, {(offset, shape, stride, dtype): (version,
 # packed copy)}): a weight's packed copies live as long as the memory they were made from
-_PACKED: dict[int, tuple[weakref.ref, dict[tuple, tuple[int | None, Tensor]]]] = {}
+_PACKED: dict[int, tuple[weakref.ref, dict[tuple, tuple[int | None, PackedWeight]]]] = {}
+
+
+class PackedWeight(NamedTuple):
+    weight: Tensor  # [out, in] in oneDNN's blocked layout
+    # oneDNN rounds a lone row differently from the same row among others on some CPUs and
+    # shapes (an AVX-512 Xeon reducing over 1536 or more); such a weight gets single rows
+    # computed as two
+    single_row_as_two: bool
 
 
 def packing_available() -> bool:
@@ -70,8 +81,11 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None, *,
             or _records_gradient(features, weight, bias)):
         return F.linear(features, weight, bias)
     if reused and _packs(weight, features):
-        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), _packed_weight(weight),
-                                                 bias, "none", [], "")
+        packed = _packed_weight(weight)
+        if packed.single_row_as_two and rows.shape[0] == 1:
+            out = _packed_linear(torch.cat([rows, rows]), packed.weight, bias)[:1]
+        else:
+            out = _packed_linear(rows.contiguous(), packed.weight, bias)
         return out.reshape(*features.shape[:-1], weight.shape[0])
     if rows.shape[0] > FEW_ROWS:
         return F.linear(features, weight, bias)
@@ -100,7 +114,19 @@ def _packs(weight: Tensor, features: Tensor) -> bool:
             and weight.dim() == 2 and packing_available())
 
 
-def _packed_weight(weight: Tensor) -> Tensor:
+def _packed_linear(rows: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
+def _rounds_lone_rows_apart(packed: Tensor, in_features: int) -> bool:
+    """Whether one row through ``packed`` differs from the same row computed beside another
+    (a fixed probe: a kernel that takes another path for one row rounds differently on it)."""
+    probe = torch.randn(2, in_features, generator=torch.Generator().manual_seed(0))
+    return not torch.equal(_packed_linear(probe[:1], packed, None),
+                           _packed_linear(probe, packed, None)[:1])
+
+
+def _packed_weight(weight: Tensor) -> PackedWeight:
     # Keyed on the storage, not the tensor object: callers pass fresh views of one weight
     # (``lm_head.weight.detach()`` per call), which share its storage and version counter.
     storage = weight.untyped_storage()
@@ -116,7 +142,8 @@ def _packed_weight(weight: Tensor) -> Tensor:
     if cached is not None and cached[0] == version:
         return cached[1]
     with torch.no_grad():
-        packed = _reorder(weight.detach().contiguous(), None)
+        reordered = _reorder(weight.detach().contiguous(), None)
+        packed = PackedWeight(reordered, _rounds_lone_rows_apart(reordered, weight.shape[1]))
     copies[layout] = (version, packed)
     return packed
 

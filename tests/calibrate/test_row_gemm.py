@@ -78,6 +78,25 @@ def test_packed_rows_are_bitwise_the_same_whatever_the_row_count():
         assert torch.equal(part, whole[:count]), count
 
 
+@needs_packing
+@torch.inference_mode()
+@pytest.mark.parametrize("out_features, in_features", [(192, 576), (576, 1536), (1536, 1536),
+                                                        (576, 2048)])
+def test_a_single_row_computes_what_it_does_among_others(out_features, in_features):
+    # The default model's shapes (its down projection reduces over 1536): some oneDNN builds
+    # take another path for one row over a long reduction, which rounds differently; a plain
+    # step (one row) must still compute what the same token computes as a tree's node.
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+    bias = torch.randn(out_features, generator=generator)
+    rows = torch.randn(9, in_features, generator=generator)
+    whole = project_rows(rows, weight, bias, reused=True)
+    for index in range(rows.shape[0]):
+        one = project_rows(rows[index:index + 1], weight, bias, reused=True)
+        assert torch.equal(one, whole[index:index + 1]), index
+    assert torch.equal(project_rows(rows[0], weight, bias, reused=True), whole[0])
+
+
 def _count_packings(monkeypatch) -> list[tuple[int, ...]]:
     packings = []
     original = torch.ops.mkldnn._reorder_linear_weight
