@@ -5,8 +5,11 @@ Fixtures that wrap these live in tests/conftest.py.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -23,6 +26,16 @@ requires_shared = pytest.mark.skipif(
     shared_dir() is None,
     reason="needs ../shared/datasets (present in CI; absent on a fresh clone)",
 )
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as a module (the bench scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  REPO_ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_tiny_llama(seed: int = 0, *, vocab_size: int = 128, hidden_size: int = 32,

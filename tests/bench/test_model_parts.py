@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from support import REPO_ROOT
+from support import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def parts():
-    spec = importlib.util.spec_from_file_location("bench_model_parts",
-                                                  REPO_ROOT / "bench" / "model_parts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("model_parts")
 
 
 def fewest_parts(total: int, part_bytes: int, extra_bytes: int) -> int:

@@ -11,17 +11,12 @@ from argparse import Namespace
 
 import pytest
 
-from support import REPO_ROOT
+from support import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def driver():
-    spec = importlib.util.spec_from_file_location("bench_train_heads",
-                                                  REPO_ROOT / "bench" / "train_heads.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("train_heads")
 
 
 def test_interleave_keeps_every_prefix_balanced_then_fills(driver):
