@@ -215,7 +215,7 @@ prepare)
     LAST_PART=.gpu/part$n
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    if [[ -d ${WHEELS:-.gpu/whl} ]]; then cp -r "${WHEELS:-.gpu/whl}" "$LAST_PART/whl"; fi
+    cp -r "${WHEELS:-.gpu/whl}" "$LAST_PART/whl"
     {
         echo "${FIRST_CALL:-bench/gpu_check.sh first}  # carry .gpu/part1"
         for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done

@@ -48,6 +48,7 @@ from entmtp.calibrate import (
     load_prompts,
     load_trajectories,
     new_heads,
+    read_jsonl_items,
     save_heads,
     save_trajectories,
     text_trajectories,
@@ -526,19 +527,18 @@ def parse_takes(specs: list[str]) -> dict[str, int | None]:
 
 def write_new_prompts(args: argparse.Namespace) -> int:
     """--select-from MIX --not-in EARLIER --take SOURCE=N --write-jsonl OUT."""
-    import gzip
-
-    def read(path: str) -> list[dict]:
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+    from entmtp.core import EntmtpError
 
     try:
         takes = parse_takes(args.take)
-        rows = read(args.select_from)
-        seen = {row["prompt"] for path in args.not_in for row in read(path)}
-    except (OSError, ValueError, KeyError) as error:
+        items = read_jsonl_items(args.select_from, option="--select-from")
+        seen = {prompt for path in args.not_in
+                for prompt, _, _ in read_jsonl_items(path, option="--not-in")}
+    except (EntmtpError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    rows = [{"prompt": prompt, "source": source} | ({} if answer is None else {"answer": answer})
+            for prompt, answer, source in items]
     selected = new_prompts(rows, seen, takes)
     path = write_jsonl_gz(args.write_jsonl, selected)
     counts = {source: sum(row["source"] == source for row in selected) for source in takes}

@@ -436,15 +436,16 @@ def encode_item(base: Any, prompt: str, answer: str | None, source: str, *,
     return DataItem(source, prompt_ids, answer_ids[:max_answer_tokens])
 
 
-def read_jsonl_items(path: str | os.PathLike) -> list[tuple[str, str | None, str]]:
+def read_jsonl_items(path: str | os.PathLike, *,
+                     option: str = "--data") -> list[tuple[str, str | None, str]]:
     """(prompt, answer or None, source) of each line of a JSONL file (``.gz`` too): ``prompt``
     required, ``answer`` (teacher-forced when present) and ``source`` (default: the file's
-    stem)."""
+    stem). ``option``: what errors call the file."""
     import gzip
     import zlib
 
     file = Path(path)
-    source = f"--data file {file}"
+    source = f"{option} file {file}"
     fix = "one JSON object with a 'prompt' string per line"
     raw = read_bytes(file, source=source, fix=fix)
     if file.suffix == ".gz":

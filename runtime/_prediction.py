@@ -233,6 +233,7 @@ def check_prediction(
     trees = list(bundle.trees)
     if bundle.best_static is not None and bundle.best_static.tree not in trees:
         trees.append(bundle.best_static.tree)
+    one_tree = len(trees) == 1  # the schedule and its best static tree are one tree
     oracle = _oracle(bundle, profile, trees, schedule, live, oracle_name)
     static = None
     if best_static is not None:
@@ -272,10 +273,9 @@ def check_prediction(
                                                     schedule_spec.trees)) if timed else None),
         # Over one tree the hindsight bound is that tree: a one-tree bundle (the search found no
         # switching that held up out of sample) has no schedule for the bound to measure.
-        fraction_of_oracle=oracle.entmtp_fraction_of_oracle if len(trees) > 1 else None,
+        fraction_of_oracle=oracle.entmtp_fraction_of_oracle if not one_tree else None,
         best_static=static,
-        schedule_is_best_static=(bundle.best_static is not None
-                                 and list(bundle.trees) == [bundle.best_static.tree]),
+        schedule_is_best_static=one_tree and bundle.best_static is not None,
         speedup_vs_references=tuple((name, speedups.get(name)) for name in reference_rows),
         speedup_vs_best_static=speedups.get(static_name) if static_name else None,
         speedup_vs_best_static_ci95=(speedup_intervals.get(static_name) if static_name
