@@ -10,9 +10,9 @@ Stages (each cached under --work, so a rerun resumes where it stopped):
      ``CODE_INSTRUCTION`` (the wording of the code task; HumanEval itself is not used);
    - chat: first human turns of ShareGPT conversations that are not task prompts and not
      creative requests;
-   - lit: creative-writing requests from templates (form x topic, and with --more-lit
-     character x event; the ShareGPT creative requests in the packaged file all belong to the
-     lit task);
+   - lit: creative-writing requests from templates (form x topic, with --more-lit stories of
+     character x event, with --lit-every-form every form x character x event; the ShareGPT
+     creative requests in the packaged file all belong to the lit task);
 2. greedy trajectories of those prompts (batched, left padding), in chunks;
 3. held-out trajectories of each task's ``heldout`` split (evaluation only);
 4. training of both head types on the cached trajectories, evaluation per task, and a data
@@ -262,13 +262,16 @@ LIT_EVENTS = (
 )
 
 
-def lit_prompts(more: bool = False) -> list[str]:
+def lit_prompts(more: bool = False, every_form: bool = False) -> list[str]:
     """Creative-writing requests from templates (the ShareGPT ones all belong to the lit task);
-    ``more`` adds the character x event stories."""
+    ``more`` adds the character x event stories, ``every_form`` every form of those."""
     prompts = [f"Write {form} about {topic}." for form in LIT_FORMS for topic in LIT_TOPICS]
     if more:
         prompts += [f"Write a story about {who} who {event}." for who in LIT_CHARACTERS
                     for event in LIT_EVENTS]
+    if every_form:
+        prompts += [f"Write {form} about {who} who {event}." for form in LIT_FORMS
+                    for who in LIT_CHARACTERS for event in LIT_EVENTS]
     return prompts
 
 
@@ -281,7 +284,8 @@ def training_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
                                           code_packages(args))
             if p.strip() not in exclude]
     turns = sharegpt_first_turns(exclude, args.max_prompt_chars, limit=60000)
-    lit = [t for t in lit_prompts(args.more_lit) if t not in exclude]
+    lit = [t for t in lit_prompts(args.more_lit, getattr(args, "lit_every_form", False))
+           if t not in exclude]
     chat = [t for t in turns if not _is_creative_request(t)]
     pools = {"math": math, "code": code, "chat": chat, "lit": lit}
     if args.later_turns:
@@ -589,6 +593,9 @@ def main() -> int:
     parser.add_argument("--more-lit", action="store_true",
                         help="lit prompts from a second template family too (400 'Write a "
                         "story about <someone> who <did something>.' requests)")
+    parser.add_argument("--lit-every-form", action="store_true",
+                        help="lit prompts for every form of those too (4800 requests like "
+                        "'Write a poem about a shy librarian who loses their shadow.')")
     parser.add_argument("--later-turns", action="store_true",
                         help="also self-distill ShareGPT human turns after the first (of "
                              "conversations that are no task's), as the 'chat-later' pool")

@@ -10,8 +10,8 @@ for exactly those shapes. Two kernels, fastest first:
   bench/bench_row_gemm.py) a whole step of the default model is as fast as the few-row kernel for
   1-4 rows and 1.3x-2.3x faster for 5-256; each row's result is bitwise the same whatever the
   row count, so a tree's nodes compute exactly what a one-token step would (where oneDNN rounds
-  a lone row apart, as on an AVX-512 Xeon for reductions over 1536 or more, a probe made when
-  the weight is packed finds it and single rows go through as two). Used for float32
+  a lone row apart, as on AVX-512 Xeons and Zen 4 EPYCs for reductions over 1536, a probe made
+  when the weight is packed finds it and single rows go through as two). Used for float32
   weights the caller reuses (``reused=True``: every ``nn.Linear`` routed here, the heads'
   projections); the copy is kept while the weight is unchanged (same storage, place in it and
   version: a detached view of the weight finds it too), costs the weight's size in memory and
@@ -50,7 +50,7 @@ _PACKED: dict[int, tuple[weakref.ref, dict[tuple, tuple[int | None, PackedWeight
 class PackedWeight(NamedTuple):
     weight: Tensor  # [out, in] in oneDNN's blocked layout
     # oneDNN rounds a lone row differently from the same row among others on some CPUs and
-    # shapes (an AVX-512 Xeon reducing over 1536 or more); such a weight gets single rows
+    # shapes (AVX-512 Xeons and Zen 4 EPYCs reducing over 1536 or more); such a weight gets single rows
     # computed as two
     single_row_as_two: bool
 

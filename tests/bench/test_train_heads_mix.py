@@ -103,6 +103,18 @@ def test_more_lit_adds_a_second_family_and_keeps_the_first(driver):
     assert all(p.startswith("Write a story about ") and p.endswith(".") for p in added)
 
 
+def test_lit_every_form_adds_each_form_of_the_stories(driver):
+    both = driver.lit_prompts(more=True)
+    every = driver.lit_prompts(more=True, every_form=True)
+    assert every[:len(both)] == both
+    added = every[len(both):]
+    assert len(added) == len(set(added)) == (len(driver.LIT_FORMS) * len(driver.LIT_CHARACTERS)
+                                             * len(driver.LIT_EVENTS))
+    assert not set(added) & set(both)
+    assert "Write a poem about a shy librarian who loses their shadow." in added
+    assert driver.lit_prompts(every_form=True)[:len(driver.lit_prompts())] == driver.lit_prompts()
+
+
 def test_code_packages_add_their_functions_and_never_their_tests(driver):
     from pathlib import Path
 
