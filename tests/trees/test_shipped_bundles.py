@@ -1,6 +1,6 @@
-"""The shipped bundles: one per task, head type and target (the 2-thread AMD EPYC and Intel Xeon
-CPUs, and the H200), each consistent with the shipped heads and latency model it was searched
-with (trees/bundles/README.md)."""
+"""The shipped bundles: one per task, head type and target (the 2-thread AMD EPYC, Intel Xeon and
+Zen 4 AMD EPYC CPUs, and the H200), each consistent with the shipped heads and latency model it
+was searched with (trees/bundles/README.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ TARGETS = {
     "cpu2-xeon": ("cpu2-xeon-{head_type}-smollm2-135m.json",
                   {"device": "cpu", "device_name": "Intel(R) Xeon(R) Processor",
                    "torch_threads": 2}),
+    "cpu2-zen4": ("cpu2-zen4-{head_type}-smollm2-135m.json",
+                  {"device": "cpu", "device_name": "AMD EPYC", "torch_threads": 2,
+                   "cpu_signature": "AuthenticAMD family 25 model 17 stepping 1"}),
     "h200": ("gpu-nvidia-h200-smollm2-135m-{head_type}.json",
              {"device": "cuda", "device_name": "NVIDIA H200", "dtype": "bfloat16"}),
 }
@@ -74,7 +77,8 @@ def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     for name in names:
         if name.endswith("-cpu2.json"):  # the table lists these; the rest by their pattern
             assert f"`{name}`" in readme
-    assert "`TASK-TYPE-h200.json`" in readme and "`TASK-TYPE-cpu2-xeon.json`" in readme
+    for pattern in ("h200", "cpu2-xeon", "cpu2-zen4"):
+        assert f"`TASK-TYPE-{pattern}.json`" in readme
 
 
 def test_every_shipped_heads_folder_serves_a_shipped_bundle():
