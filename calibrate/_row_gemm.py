@@ -50,8 +50,8 @@ _PACKED: dict[int, tuple[weakref.ref, dict[tuple, tuple[int | None, PackedWeight
 class PackedWeight(NamedTuple):
     weight: Tensor  # [out, in] in oneDNN's blocked layout
     # oneDNN rounds a lone row differently from the same row among others on some CPUs and
-    # shapes (AVX-512 Xeons and Zen 4 EPYCs reducing over 1536 or more); such a weight gets single rows
-    # computed as two
+    # shapes (AVX-512 Xeons and Zen 4 EPYCs reducing over 1536 or more); such a weight gets
+    # single rows computed as two
     single_row_as_two: bool
 
 
