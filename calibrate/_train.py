@@ -415,40 +415,9 @@ def fit_heads(
                 picked = order[start:start + batch_size]
                 rows = examples.rows[picked]
                 hidden = examples.hidden[rows].to(device, dtype)
-                batch_targets = targets[picked]
-                batch_vocab = vocab_ids
-                soft = None
-                if teacher is not None:
-                    at = _target_positions(rows, heads.num_heads, len(examples.tokens))
-                    soft = (teacher.ids[at].long(), teacher.probs[at])  # [n, heads, k] each
-                if frequent is not None:
-                    negatives = torch.randint(
-                        0, heads.vocab_size, (random_negatives,), generator=generator
-                    )
-                    always = [frequent, negatives]
-                    if soft is not None:
-                        always.append(soft[0][batch_targets >= 0].reshape(-1))
-                    batch_vocab, batch_targets = _batch_vocab(torch.cat(always), batch_targets)
-                    if soft is not None:
-                        soft = (torch.searchsorted(batch_vocab, soft[0]), soft[1])
-                loss = torch.zeros((), device=device)
-                for depth in range(1, heads.num_heads + 1):
-                    target = batch_targets[:, depth - 1]
-                    valid = target >= 0
-                    if not bool(valid.any()):
-                        continue
-                    prefix = _prefixes(examples, rows[valid], depth).to(device)
-                    features = heads.head_features(depth, hidden[valid], prefix)
-                    logits = heads.project(
-                        depth, features, None if batch_vocab is None else batch_vocab.to(device)
-                    )
-                    if soft is None:
-                        loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
-                        continue
-                    log_probs = F.log_softmax(logits.float(), dim=-1)
-                    columns = soft[0][valid, depth - 1].to(device)
-                    weights = soft[1][valid, depth - 1].to(device)
-                    loss = loss - (weights * log_probs.gather(1, columns)).sum(-1).mean()
+                loss = batch_loss(heads, examples, rows, hidden, targets[picked],
+                                  vocab_ids=vocab_ids, teacher=teacher, frequent=frequent,
+                                  random_negatives=random_negatives, generator=generator)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -462,6 +431,60 @@ def fit_heads(
     finally:
         heads.eval()
     return losses
+
+
+def batch_loss(
+    heads: DraftHeads,
+    examples: _Examples,
+    rows: Tensor,
+    hidden: Tensor,
+    targets: Tensor,
+    *,
+    vocab_ids: Tensor | None,
+    teacher: TeacherTopK | None,
+    frequent: Tensor | None,
+    random_negatives: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """The training loss of one batch: the sum over heads of the cross-entropy of head ``d``
+    on the token ``d`` steps after each of ``rows`` (positions of ``examples``), or on the
+    teacher's top-k there. hidden: [n, H] the heads' input at ``rows``; targets: [n, heads]
+    indexed in ``vocab_ids`` (None: token ids); ``frequent`` (not None: the "batch" softmax)
+    joins the batch's targets, the teacher's tokens and ``random_negatives`` uniform tokens.
+    """
+    device = hidden.device
+    batch_vocab = vocab_ids
+    soft = None
+    if teacher is not None:
+        at = _target_positions(rows, heads.num_heads, len(examples.tokens))
+        soft = (teacher.ids[at].long(), teacher.probs[at])  # [n, heads, k] each
+    if frequent is not None:
+        negatives = torch.randint(0, heads.vocab_size, (random_negatives,), generator=generator)
+        always = [frequent, negatives]
+        if soft is not None:
+            always.append(soft[0][targets >= 0].reshape(-1))
+        batch_vocab, targets = _batch_vocab(torch.cat(always), targets)
+        if soft is not None:
+            soft = (torch.searchsorted(batch_vocab, soft[0]), soft[1])
+    loss = torch.zeros((), device=device)
+    for depth in range(1, heads.num_heads + 1):
+        target = targets[:, depth - 1]
+        valid = target >= 0
+        if not bool(valid.any()):
+            continue
+        prefix = _prefixes(examples, rows[valid], depth).to(device)
+        features = heads.head_features(depth, hidden[valid], prefix)
+        logits = heads.project(
+            depth, features, None if batch_vocab is None else batch_vocab.to(device)
+        )
+        if soft is None:
+            loss = loss + F.cross_entropy(logits.float(), target[valid].to(device))
+            continue
+        log_probs = F.log_softmax(logits.float(), dim=-1)
+        columns = soft[0][valid, depth - 1].to(device)
+        weights = soft[1][valid, depth - 1].to(device)
+        loss = loss - (weights * log_probs.gather(1, columns)).sum(-1).mean()
+    return loss
 
 
 @dataclass

@@ -10,10 +10,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "treesearch", "calibrate", "runtime", "cli")
 
 # Bench scripts that reach into internals on purpose: ShareGPT filtering helpers of the task
-# loader, the trainer's example builders, and the live commands' helpers (CLI, not library).
+# loader, the trainer's example builders and batch loss, and the live commands' helpers (CLI,
+# not library).
 BENCH_PRIVATE = {
     ("train_heads.py", "entmtp.calibrate._tasks"),
     ("signal_auc.py", "entmtp.calibrate._train"),
+    ("prefix_attention_probe.py", "entmtp.calibrate._train"),
     ("bench_latency_fidelity.py", "entmtp.cli._live"),
     ("bench_low_precision.py", "entmtp.cli._live"),
 }

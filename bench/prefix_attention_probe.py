@@ -1,0 +1,270 @@
+"""Would a Hydra++ prefix-attention layer lift the default model's Hydra heads?
+
+Hydra++ (Ankner et al., 2024) feeds its heads, instead of the base model's last hidden state
+alone, the output of one extra decoder layer that attends over the base model's states of the
+whole context. Before the runtime grows a drafter with its own KV cache for such a layer, this
+probe measures what the layer buys here, offline: two fine-tunes of the same heads on the same
+head data, with the same schedule and the same batches of whole sequences,
+
+- ``plain``: the heads alone;
+- ``prefix``: the heads reading ``PrefixBlock`` over the final-norm states of the prompt and
+  continuation (causal self-attention then a SiLU-gated MLP, pre-norm, residual; both output
+  projections start at zero, so it starts exactly where ``plain`` does),
+
+then the held-out top-1 / top-5 per head and ``mc_sim_7b_63``'s replayed accept length per
+task, and head-1 top-1 by position in the continuation (early positions have little context
+beyond the prompt). It times nothing, so it may run beside other work.
+
+    .venv/bin/python bench/prefix_attention_probe.py --train-data DATA --eval-data EVAL \\
+        --heads trees/heads/smollm2-135m-hydra --json probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from entmtp.calibrate import (
+    HeadRanks,
+    Trajectory,
+    head_ranks,
+    load_base_model,
+    load_heads,
+    read_head_data,
+    text_trajectories,
+)
+from entmtp.calibrate._train import (
+    _examples,
+    _frequent_tokens,
+    batch_loss,
+    teacher_topk,
+)
+from entmtp.treesearch import reference_tree
+
+POSITION_BUCKETS = ((0, 16), (16, 64), (64, 10**9))
+
+
+@dataclass
+class ForwardedRecord:
+    """One head-data record, teacher-forced through the base model."""
+
+    hidden: Tensor  # [L - 1, H] float32 final-norm state at every position but the last
+    tokens: Tensor  # [L - 1] int64, tokens[s] follows position s
+    start: int  # positions start.. are the continuation the heads train on
+    source: str
+
+    def trained(self, hidden: Tensor | None = None) -> Trajectory:
+        h = self.hidden if hidden is None else hidden
+        return Trajectory(h[self.start:], self.tokens[self.start:], self.source)
+
+
+class PrefixBlock(nn.Module):
+    """Pre-norm causal self-attention + SiLU-gated MLP over [B, T, H] states, residual, no
+    position encoding (causal masking alone orders the context)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.attn_norm = nn.RMSNorm(hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.mlp_norm = nn.RMSNorm(hidden_size)
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden_size, bias=False)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.down.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, size = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).chunk(3, dim=-1)
+        shape = (batch, length, self.num_heads, size // self.num_heads)
+        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attended.transpose(1, 2).reshape(batch, length, size))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def forward_sequences(base, records, batch_size: int) -> list[ForwardedRecord]:
+    """Teacher-forced final-norm states of every record, prompt included, in record order."""
+    usable = [r for r in records if r.trained_positions > 0]
+    order = sorted(range(len(usable)), key=lambda i: len(usable[i].tokens))
+    result: list[ForwardedRecord | None] = [None] * len(usable)
+    for first in range(0, len(order), batch_size):
+        chunk = order[first:first + batch_size]
+        width = max(len(usable[i].tokens) for i in chunk)
+        whole = text_trajectories(base, [usable[i].tokens for i in chunk], max_length=width,
+                                  batch_size=len(chunk))
+        for i, t in zip(chunk, whole, strict=True):
+            result[i] = ForwardedRecord(t.hidden, t.tokens, usable[i].start, usable[i].source)
+        if first // batch_size % 50 == 0:
+            print(f"  forward {first + len(chunk)}/{len(order)}", file=sys.stderr, flush=True)
+    return [s for s in result if s is not None]
+
+
+def transformed(block: PrefixBlock | None, group: list[ForwardedRecord]) -> list[Tensor]:
+    """Each sequence's heads input: ``block`` over its states ([L - 1, H] each)."""
+    if block is None:
+        return [s.hidden for s in group]
+    width = max(len(s.tokens) for s in group)
+    padded = torch.zeros(len(group), width, group[0].hidden.shape[1])
+    for row, s in enumerate(group):
+        padded[row, :len(s.tokens)] = s.hidden  # right padding: causal rows never see it
+    out = block(padded)
+    return [out[row, :len(s.tokens)] for row, s in enumerate(group)]
+
+
+def groups_of(order: list[int], sequences: list[ForwardedRecord],
+              positions: int) -> list[list[int]]:
+    """Consecutive sequences of ``order`` with about ``positions`` trained positions each."""
+    result, current, count = [], [], 0
+    for i in order:
+        current.append(i)
+        count += len(sequences[i].tokens) - sequences[i].start - 1
+        if count >= positions:
+            result.append(current)
+            current, count = [], 0
+    if current:
+        result.append(current)
+    return result
+
+
+def fine_tune(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord], *, epochs: int,
+              lr: float, positions: int, distill: int, seed: int) -> list[float]:
+    heads.float()
+    trained = [s.trained() for s in sequences]
+    examples = _examples(trained, heads.num_heads)
+    lengths = torch.as_tensor([len(t) for t in trained])
+    offsets = torch.cumsum(lengths, 0) - lengths  # first flat position of each sequence
+    row_starts = torch.cumsum(lengths - 1, 0) - (lengths - 1)  # its first index in rows
+    teacher = teacher_topk(heads, examples.hidden, distill) if distill else None
+    frequent = _frequent_tokens(examples, 1024)
+    parameters = [p for p in heads.parameters() if p.requires_grad]
+    if block is not None:
+        parameters += list(block.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    plans = [groups_of(torch.randperm(len(sequences), generator=generator).tolist(), sequences,
+                       positions) for _ in range(epochs)]
+    total = sum(len(p) for p in plans)
+    warmup = max(1, total // 20)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (
+        (step + 1) / warmup if step < warmup
+        else 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))))
+    losses, step, started = [], 0, time.perf_counter()
+    heads.train()
+    for plan in plans:
+        epoch_loss, batches = 0.0, 0
+        for group in plan:
+            picked = torch.cat([int(row_starts[i]) + torch.arange(int(lengths[i]) - 1)
+                                for i in group])
+            rows = examples.rows[picked]
+            states = transformed(block, [sequences[i] for i in group])
+            hidden = torch.cat([
+                states[n][sequences[i].start + torch.arange(int(lengths[i]) - 1)]
+                for n, i in enumerate(group)])
+            assert torch.equal(rows, torch.cat([offsets[i] + torch.arange(int(lengths[i]) - 1)
+                                                for i in group]))
+            loss = batch_loss(heads, examples, rows, hidden, examples.targets[picked],
+                              vocab_ids=None, teacher=teacher, frequent=frequent,
+                              random_negatives=4096, generator=generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            scheduler.step()
+            epoch_loss += float(loss.detach())
+            batches += 1
+            step += 1
+            if step % 200 == 0:
+                print(f"  step {step}/{total} epoch loss {epoch_loss / batches:.3f} "
+                      f"{time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+        losses.append(epoch_loss / len(plan))
+    heads.eval()
+    return losses
+
+
+@torch.no_grad()
+def evaluate(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord]) -> dict:
+    tree = reference_tree("mc_sim_7b_63")
+    inputs = []
+    for s in sequences:
+        inputs.append(s.trained(transformed(block, [s])[0]))
+    result: dict = {"accept_length": {}, "top1": {}, "top5": {}, "head1_top1_by_position": {}}
+    sources = sorted({s.source for s in sequences}) + ["all"]
+    for source in sources:
+        chosen = [t for t in inputs if source in ("all", t.source)]
+        ranks = head_ranks(heads, chosen, topk=max(5, tree.min_topk))
+        result["accept_length"][source] = ranks.accept_length(tree)
+        accuracy = ranks.accuracy()
+        result["top1"][source] = [a.top1 for a in accuracy]
+        result["top5"][source] = [a.top5 for a in accuracy]
+    all_ranks = head_ranks(heads, inputs, topk=5)
+    position = torch.cat([torch.arange(len(t) - 1) for t in inputs]).numpy()
+    for low, high in POSITION_BUCKETS:
+        inside = (position >= low) & (position < high) & all_ranks.scored[:, 0]
+        bucket = HeadRanks(all_ranks.ranks[inside], all_ranks.scored[inside], 5)
+        result["head1_top1_by_position"][f"{low}-{min(high, 999)}"] = (
+            bucket.accuracy()[0].top1, int(inside.sum()))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train-data", type=Path, required=True)
+    parser.add_argument("--eval-data", type=Path, required=True)
+    parser.add_argument("--heads", default="trees/heads/smollm2-135m-hydra")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.0015)
+    parser.add_argument("--positions", type=int, default=256, help="trained positions per step")
+    parser.add_argument("--distill", type=int, default=16)
+    parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--cache", type=Path, help="keep the forward's states here")
+    parser.add_argument("--arms", default="plain,prefix")
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    base = load_base_model()
+    if args.cache is not None and args.cache.exists():
+        train, held = torch.load(args.cache, weights_only=False)
+    else:
+        train = forward_sequences(base, read_head_data(args.train_data, base).records, 16)
+        held = forward_sequences(base, read_head_data(args.eval_data, base).records, 16)
+        if args.cache is not None:
+            torch.save((train, held), args.cache)
+    shipped = load_heads(args.heads, base.model)
+    config = base.model.config
+    report: dict = {"heads": args.heads, "sha256": shipped.sha256()[:12], "settings": vars(args)
+                    | {"json": str(args.json), "train_data": str(args.train_data),
+                       "eval_data": str(args.eval_data), "cache": str(args.cache)},
+                    "train_positions": sum(len(s.tokens) - s.start for s in train),
+                    "eval_positions": sum(len(s.tokens) - s.start for s in held),
+                    "arms": {"shipped": evaluate(shipped, None, held)}}
+    for arm in args.arms.split(","):
+        heads = copy.deepcopy(shipped)
+        block = (PrefixBlock(config.hidden_size, config.num_attention_heads, args.intermediate)
+                 if arm == "prefix" else None)
+        started = time.perf_counter()
+        losses = fine_tune(heads, block, train, epochs=args.epochs, lr=args.lr,
+                           positions=args.positions, distill=args.distill, seed=args.seed)
+        report["arms"][arm] = {"losses": losses, "seconds": time.perf_counter() - started,
+                               "block_parameters": 0 if block is None else
+                               sum(p.numel() for p in block.parameters()),
+                               **evaluate(heads, block, held)}
+        args.json.write_text(json.dumps(report, indent=1))
+        print(json.dumps({arm: report["arms"][arm]["accept_length"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
