@@ -233,7 +233,10 @@ def main() -> None:
     parser.add_argument("--arms", default="plain,prefix")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     base = load_base_model()
     if args.cache is not None and args.cache.exists():
@@ -251,7 +254,8 @@ def main() -> None:
                     "train_positions": sum(len(s.tokens) - s.start for s in train),
                     "eval_positions": sum(len(s.tokens) - s.start for s in held),
                     "arms": {"shipped": evaluate(shipped, None, held)}}
-    for arm in args.arms.split(","):
+    args.json.write_text(json.dumps(report, indent=1))
+    for arm in [name for name in args.arms.split(",") if name]:
         heads = copy.deepcopy(shipped)
         block = (PrefixBlock(config.hidden_size, config.num_attention_heads, args.intermediate)
                  if arm == "prefix" else None)
