@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -47,7 +46,9 @@ from entmtp.calibrate._train import (
     _examples,
     _frequent_tokens,
     batch_loss,
+    optimizer_step,
     teacher_topk,
+    warmup_cosine,
 )
 from entmtp.treesearch import reference_tree
 
@@ -157,10 +158,7 @@ def fine_tune(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord]
     plans = [groups_of(torch.randperm(len(sequences), generator=generator).tolist(), sequences,
                        positions) for _ in range(epochs)]
     total = sum(len(p) for p in plans)
-    warmup = max(1, total // 20)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (
-        (step + 1) / warmup if step < warmup
-        else 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total))
     losses, step, started = [], 0, time.perf_counter()
     heads.train()
     for plan in plans:
@@ -178,12 +176,7 @@ def fine_tune(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord]
             loss = batch_loss(heads, examples, rows, hidden, examples.targets[picked],
                               vocab_ids=None, teacher=teacher, frequent=frequent,
                               random_negatives=4096, generator=generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-            optimizer.step()
-            scheduler.step()
-            epoch_loss += float(loss.detach())
+            epoch_loss += optimizer_step(loss, optimizer, scheduler, parameters)
             batches += 1
             step += 1
             if step % 200 == 0:

@@ -392,16 +392,8 @@ def fit_heads(
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
     count = len(examples.rows)
-    steps_per_epoch = math.ceil(count / batch_size)
-    total_steps = epochs * steps_per_epoch
-    warmup = max(1, total_steps // 20)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    total_steps = epochs * math.ceil(count / batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps))
     device, dtype = heads.device, heads.dtype
     heads.train()
     losses: list[float] = []
@@ -418,12 +410,7 @@ def fit_heads(
                 loss = batch_loss(heads, examples, rows, hidden, targets[picked],
                                   vocab_ids=vocab_ids, teacher=teacher, frequent=frequent,
                                   random_negatives=random_negatives, generator=generator)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                scheduler.step()
-                epoch_loss += float(loss.detach())
+                epoch_loss += optimizer_step(loss, optimizer, scheduler, parameters)
                 epoch_batches += 1
                 step += 1
                 _report(progress, "train", step, total_steps)
@@ -431,6 +418,30 @@ def fit_heads(
     finally:
         heads.eval()
     return losses
+
+
+def warmup_cosine(total_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor of each step: 5 % linear warm-up, then cosine decay to 0."""
+    warmup = max(1, total_steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+
+    return factor
+
+
+def optimizer_step(loss: Tensor, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler,
+                   parameters: Sequence[Tensor]) -> float:
+    """Back-propagate ``loss``, clip the gradients to norm 1, step; returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach())
 
 
 def batch_loss(

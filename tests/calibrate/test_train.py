@@ -3,6 +3,8 @@ accuracy against brute force, learning a learnable map, the cache format, and tr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,7 @@ from entmtp.calibrate._train import (
     teacher_topk,
     text_trajectories,
     train_heads,
+    warmup_cosine,
 )
 from entmtp.core import EntmtpError
 from entmtp.treesearch import Tree
@@ -442,3 +445,13 @@ def test_small_steps_are_kept_on_a_bf16_base():
     fit_heads(heads, data, epochs=1, lr=1e-4, batch_size=64, seed=0)
     diagonal = heads.first[0].residual.weight.detach()[:, : model.config.hidden_size].diagonal()
     assert bool((diagonal != 1.0).any())
+
+
+def test_warmup_cosine_rises_linearly_then_decays_to_zero():
+    factor = warmup_cosine(200)  # 10 warm-up steps
+    values = [factor(step) for step in range(200)]
+    assert values[:10] == pytest.approx([(step + 1) / 10 for step in range(10)])
+    assert values[10] == pytest.approx(1.0)
+    assert all(later <= earlier for earlier, later in zip(values[10:], values[11:], strict=False))
+    assert values[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 189 / 190)))
+    assert warmup_cosine(3)(0) == 1.0  # fewer than 20 steps: a warm-up of one step
