@@ -40,7 +40,8 @@ from entmtp.calibrate import (
     load_base_model,
     load_heads,
     read_head_data,
-    text_trajectories,
+    read_head_data_index,
+    record_trajectories,
 )
 from entmtp.calibrate._train import (
     _examples,
@@ -96,21 +97,13 @@ class PrefixBlock(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
-def forward_sequences(base, records, batch_size: int) -> list[ForwardedRecord]:
-    """Teacher-forced final-norm states of every record, prompt included, in record order."""
+def forward_sequences(base, records) -> list[ForwardedRecord]:
+    """Teacher-forced final-norm states of every record with trained positions, prompt
+    included, in record order."""
     usable = [r for r in records if r.trained_positions > 0]
-    order = sorted(range(len(usable)), key=lambda i: len(usable[i].tokens))
-    result: list[ForwardedRecord | None] = [None] * len(usable)
-    for first in range(0, len(order), batch_size):
-        chunk = order[first:first + batch_size]
-        width = max(len(usable[i].tokens) for i in chunk)
-        whole = text_trajectories(base, [usable[i].tokens for i in chunk], max_length=width,
-                                  batch_size=len(chunk))
-        for i, t in zip(chunk, whole, strict=True):
-            result[i] = ForwardedRecord(t.hidden, t.tokens, usable[i].start, usable[i].source)
-        if first // batch_size % 50 == 0:
-            print(f"  forward {first + len(chunk)}/{len(order)}", file=sys.stderr, flush=True)
-    return [s for s in result if s is not None]
+    whole = record_trajectories(base, usable, whole=True)
+    return [ForwardedRecord(t.hidden, t.tokens, r.start, r.source)
+            for r, t in zip(usable, whole, strict=True)]
 
 
 def transformed(block: PrefixBlock | None, group: list[ForwardedRecord]) -> list[Tensor]:
@@ -190,23 +183,25 @@ def fine_tune(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord]
 @torch.no_grad()
 def evaluate(heads, block: PrefixBlock | None, sequences: list[ForwardedRecord]) -> dict:
     tree = reference_tree("mc_sim_7b_63")
-    inputs = []
-    for s in sequences:
-        inputs.append(s.trained(transformed(block, [s])[0]))
+    inputs = [s.trained(transformed(block, [s])[0]) for s in sequences]
     result: dict = {"accept_length": {}, "top1": {}, "top5": {}, "head1_top1_by_position": {}}
-    sources = sorted({s.source for s in sequences}) + ["all"]
-    for source in sources:
-        chosen = [t for t in inputs if source in ("all", t.source)]
-        ranks = head_ranks(heads, chosen, topk=max(5, tree.min_topk))
-        result["accept_length"][source] = ranks.accept_length(tree)
-        accuracy = ranks.accuracy()
+    sources = sorted({s.source for s in sequences})
+    ranks = {source: head_ranks(heads, [t for t in inputs if t.source == source],
+                                topk=max(5, tree.min_topk))
+             for source in sources}
+    ranks["all"] = HeadRanks.concat([ranks[source] for source in sources])
+    for source, ranked in ranks.items():
+        result["accept_length"][source] = ranked.accept_length(tree)
+        accuracy = ranked.accuracy()
         result["top1"][source] = [a.top1 for a in accuracy]
         result["top5"][source] = [a.top5 for a in accuracy]
-    all_ranks = head_ranks(heads, inputs, topk=5)
-    position = torch.cat([torch.arange(len(t) - 1) for t in inputs]).numpy()
+    # "all" is the sources' positions in source order: positions within each trajectory
+    ordered = [t for source in sources for t in inputs if t.source == source]
+    position = torch.cat([torch.arange(len(t) - 1) for t in ordered]).numpy()
+    everything = ranks["all"]
     for low, high in POSITION_BUCKETS:
-        inside = (position >= low) & (position < high) & all_ranks.scored[:, 0]
-        bucket = HeadRanks(all_ranks.ranks[inside], all_ranks.scored[inside], 5)
+        inside = (position >= low) & (position < high) & everything.scored[:, 0]
+        bucket = HeadRanks(everything.ranks[inside], everything.scored[inside], everything.topk)
         result["head1_top1_by_position"][f"{low}-{min(high, 999)}"] = (
             bucket.accuracy()[0].top1, int(inside.sum()))
     return result
@@ -235,15 +230,20 @@ def main() -> None:
     if args.cache is not None and args.cache.exists():
         train, held = torch.load(args.cache, weights_only=False)
     else:
-        train = forward_sequences(base, read_head_data(args.train_data, base).records, 16)
-        held = forward_sequences(base, read_head_data(args.eval_data, base).records, 16)
+        train = forward_sequences(base, read_head_data(args.train_data, base).records)
+        held = forward_sequences(base, read_head_data(args.eval_data, base).records)
         if args.cache is not None:
             torch.save((train, held), args.cache)
     shipped = load_heads(args.heads, base.model)
     config = base.model.config
-    report: dict = {"heads": args.heads, "sha256": shipped.sha256()[:12], "settings": vars(args)
-                    | {"json": str(args.json), "train_data": str(args.train_data),
-                       "eval_data": str(args.eval_data), "cache": str(args.cache)},
+    # folder names and data digests, not this machine's paths
+    settings = {name: value.name if isinstance(value, Path) else value
+                for name, value in vars(args).items()}
+    report: dict = {"heads": Path(args.heads).name, "sha256": shipped.sha256()[:12],
+                    "settings": settings | {
+                        f"{name}_plan_sha256": read_head_data_index(path)["plan_sha256"]
+                        for name, path in (("train_data", args.train_data),
+                                           ("eval_data", args.eval_data))},
                     "train_positions": sum(len(s.tokens) - s.start for s in train),
                     "eval_positions": sum(len(s.tokens) - s.start for s in held),
                     "arms": {"shipped": evaluate(shipped, None, held)}}

@@ -338,10 +338,13 @@ def record_trajectories(
     records: Sequence[Record],
     *,
     batch_size: int = 16,
+    whole: bool = False,
     progress: Progress | None = None,
 ) -> list[Trajectory]:
     """Trajectories (hidden states at the trained positions and the tokens after them) of
-    ``records``, in order, by one teacher-forced forward per record (batched by length)."""
+    ``records`` with trained positions, in order, by one teacher-forced forward per record
+    (batched by length). ``whole``: from the record's first position (prompt included) instead,
+    so trajectory position ``record.start`` is the first trained one."""
     usable = [record for record in records if record.trained_positions > 0]
     order = sorted(range(len(usable)), key=lambda i: len(usable[i].tokens))
     result: list[Trajectory | None] = [None] * len(usable)
@@ -350,9 +353,9 @@ def record_trajectories(
         chunk = order[first:first + batch_size]
         sequences = [usable[i].tokens for i in chunk]
         width = max(len(tokens) for tokens in sequences)
-        whole = text_trajectories(base, sequences, max_length=width, batch_size=len(chunk))
-        for i, trajectory in zip(chunk, whole, strict=True):
-            start = usable[i].start
+        forwarded = text_trajectories(base, sequences, max_length=width, batch_size=len(chunk))
+        for i, trajectory in zip(chunk, forwarded, strict=True):
+            start = 0 if whole else usable[i].start
             result[i] = Trajectory(trajectory.hidden[start:].clone(),
                                    trajectory.tokens[start:].clone(), usable[i].source)
         if report is not None:

@@ -168,6 +168,17 @@ def test_record_trajectories_are_the_trained_positions(base):
         assert trajectory.source == record.source
 
 
+def test_whole_record_trajectories_hold_the_prompt_then_the_trained_positions(base):
+    records = make_records(base, items(5, seed=6), max_new_tokens=4, generation_batch_size=2)
+    trained = record_trajectories(base, records, batch_size=2)
+    whole = record_trajectories(base, records, batch_size=3, whole=True)
+    for record, part, full in zip(records, trained, whole, strict=True):
+        assert torch.equal(full.tokens, record.tokens[1:])
+        assert torch.equal(full.tokens[record.start:], part.tokens)
+        torch.testing.assert_close(full.hidden[record.start:], part.hidden, atol=1e-5, rtol=1e-5)
+        assert full.hidden.shape[0] == len(record.tokens) - 1
+
+
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
 def test_cached_data_trains_the_same_heads_as_in_memory_data(base, tmp_path, head_type):
     given = items(12, seed=7)
