@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_row_gemm.py [--model trees/latency/SmolLM2-135M-Instruct.Q4_1]
         [--tokens 1,2,3,4,5,6,8,12,16,24,32,64,256] [--context 256] [--rounds 30] [--threads 2]
+        [--dtype fp32|bf16]
 
 Runs the backbone plus lm_head over ``q`` new tokens after ``--context`` cached ones (a plain
 step is q = 1; verifying a tree of n nodes is q = n + 1) with every linear layer on
@@ -10,7 +11,9 @@ the last is what entmtp uses on a CPU), in interleaved rounds of the same random
 (``random_model``: the step time does not depend on the weights' values). Prints each one's
 trimmed mean ms (the latency profiler's ``trimmed_mean``), the packed kernel's speed-up over each
 other one with the interquartile range of the per-round ratios, and the largest logit difference
-from ``F.linear``. Names the CPU; run it on a quiet machine.
+from ``F.linear``. With ``--dtype bf16`` the three run on a bfloat16 copy of the weights, and
+the float32 model's packed step runs beside them ("fp32 packed"): what decoding in bfloat16 saves
+on this CPU. Names the CPU; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -51,43 +54,56 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not _row_gemm.packing_available():
         raise SystemExit("this torch has no oneDNN packed linear: nothing to compare")
+    if args.dtype == "bf16" and not _row_gemm.bf16_packing_available():
+        raise SystemExit("oneDNN has no bfloat16 inner product on this CPU: nothing to compare")
     model = random_model(args.model).model  # loads with the row kernels on CPU
-    print(f"{args.model}: random weights, fp32, {cpu_name()}, {args.threads} torch threads, "
-          f"context {args.context}, {args.rounds} interleaved rounds")
-    print("{:>6} {:>11} {:>10} {:>9} {:>22} {:>22} {:>10}".format(
-        "tokens", "F.linear ms", "few-row ms", "packed ms", "F.linear/packed [IQR]",
-        "few-row/packed [IQR]", "max |diff|"))
+    # (label, model, kernel): in bf16 the float32 model's packed step runs beside, as the
+    # reference a bf16 step is an alternative to
+    runs = [(name, model, name) for name in KERNELS]
+    if args.dtype == "bf16":
+        low = random_model(args.model, dtype="bfloat16").model
+        low.load_state_dict(model.state_dict())  # the same weights, rounded
+        runs = [(name, low, name) for name in KERNELS] + [("fp32 packed", model, "packed")]
+    print(f"{args.model}: random weights, {args.dtype}, {cpu_name()}, {args.threads} torch "
+          f"threads, context {args.context}, {args.rounds} interleaved rounds")
+    others = [label for label, _, _ in runs if label != "packed"]
+    print(f"{'tokens':>6} " + " ".join(f"{label + ' ms':>14}" for label, _, _ in runs) + " "
+          + " ".join(f"{label + '/packed [IQR]':>28}" for label in others) + f" {'max |diff|':>10}")
     with torch.inference_mode():
-        cache = new_cache(model)
-        forward_tokens(model, cache, torch.arange(args.context).unsqueeze(0) % 1000)
+        caches = {}
+        for m in {id(m): m for _, m, _ in runs}.values():
+            caches[id(m)] = new_cache(m)
+            forward_tokens(m, caches[id(m)], torch.arange(args.context).unsqueeze(0) % 1000)
         for q in (int(t) for t in args.tokens.split(",")):
             ids = (torch.arange(q) + 7).unsqueeze(0)
-            times: dict[str, list[float]] = {name: [] for name in KERNELS}
+            times: dict[str, list[float]] = {label: [] for label, _, _ in runs}
             logits: dict[str, torch.Tensor] = {}
             for round_index in range(args.rounds + 1):  # round 0 warms up (and packs)
-                for name in KERNELS:
+                for label, m, name in runs:
+                    cache = caches[id(m)]
                     with kernel(name):
                         start = time.perf_counter()
-                        _, logits[name] = forward_tokens(model, cache, ids)
+                        _, logits[label] = forward_tokens(m, cache, ids)
                         elapsed = time.perf_counter() - start
                     truncate_cache(cache, args.context)
                     if round_index:
-                        times[name].append(elapsed)
-            ms = {name: 1000.0 * trimmed_mean(times[name]) for name in KERNELS}
+                        times[label].append(elapsed)
+            ms = {label: 1000.0 * trimmed_mean(times[label]) for label in times}
             packed = np.array(times["packed"])
             spans = []
-            for name in ("F.linear", "few-row"):
-                ratios = np.array(times[name]) / packed
-                low, high = np.percentile(ratios, [25, 75])
-                spans.append(f"{ms[name] / ms['packed']:.2f}x [{low:.2f}-{high:.2f}]")
-            diff = max(float((logits[name] - logits["F.linear"]).abs().max())
+            for label in others:
+                ratios = np.array(times[label]) / packed
+                low_q, high_q = np.percentile(ratios, [25, 75])
+                spans.append(f"{ms[label] / ms['packed']:.2f}x [{low_q:.2f}-{high_q:.2f}]")
+            diff = max(float((logits[name].float() - logits["F.linear"].float()).abs().max())
                        for name in ("few-row", "packed"))
-            print(f"{q:6d} {ms['F.linear']:11.1f} {ms['few-row']:10.1f} {ms['packed']:9.1f} "
-                  f"{spans[0]:>22} {spans[1]:>22} {diff:10.2e}", flush=True)
+            print(f"{q:6d} " + " ".join(f"{ms[label]:14.1f}" for label, _, _ in runs) + " "
+                  + " ".join(f"{span:>28}" for span in spans) + f" {diff:10.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,20 @@ for exactly those shapes. Two kernels, fastest first:
   projections); the copy is kept while the weight is unchanged (same storage, place in it and
   version: a detached view of the weight finds it too), costs the weight's size in memory and
   dies with the weight's storage. A change that bypasses the version counter (writing through
-  ``weight.data``) is not seen.
+  ``weight.data``) is not seen. bfloat16 weights are packed too where oneDNN computes in
+  bfloat16 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``: AVX-512 and AMX CPUs). On a 2-core
+  Xeon with AMX (bench/bench_row_gemm.py --dtype bf16) a bfloat16 step is 1.00x-1.12x faster
+  packed than on the few-row kernel, and 1.33x (1 token) to 2.7x (256) faster than float32's
+  packed step. A bfloat16 row's rounding there depends on the row count (oneDNN picks other
+  blockings), so bfloat16 trees are not bitwise one-token steps (as on a GPU), and the lone-row
+  probe is for float32 alone.
 - **few-row** (``"few-row"``): ``(W @ x.T).T``, a single row duplicated to two, made contiguous;
   2-5x faster than ``x @ W.T`` for 1-3 rows (bench/bench_lm_head.py). Used for up to ``FEW_ROWS``
   rows of other CPU weights (other dtypes, weights sliced per call, no oneDNN).
 
-Both differ from ``F.linear`` by float rounding only (about 1e-6 relative). GPUs (cuBLAS) have no
-such gap, gradients need ``F.linear``'s autograd path and torch.compile lowers ``F.linear``
-itself (inductor packs CPU weights on its own), so those keep ``F.linear``.
+Both differ from ``F.linear`` by float rounding only (about 1e-6 relative in float32). GPUs
+(cuBLAS) have no such gap, gradients need ``F.linear``'s autograd path and torch.compile lowers
+``F.linear`` itself (inductor packs CPU weights on its own), so those keep ``F.linear``.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ def project_rows(features: Tensor, weight: Tensor, bias: Tensor | None, *,
     """``F.linear(features, weight, bias)`` ([..., in] -> [..., out]), faster on the CPU.
 
     ``reused``: the caller multiplies by this same weight again (a layer, a head's projection),
-    so a packed copy of it is worth keeping (float32 CPU weights only).
+    so a packed copy of it is worth keeping (float32 CPU weights, and bfloat16 where oneDNN has it).
     """
     in_features = features.shape[-1]
     rows = features.reshape(-1, in_features)
@@ -110,8 +116,21 @@ def row_kernel(weight: Tensor) -> str:
 
 
 def _packs(weight: Tensor, features: Tensor) -> bool:
-    return (weight.dtype == torch.float32 and features.dtype == torch.float32
-            and weight.dim() == 2 and packing_available())
+    return (weight.dtype == features.dtype and weight.dim() == 2 and packing_available()
+            and (weight.dtype == torch.float32
+                 or (weight.dtype == torch.bfloat16 and bf16_packing_available())))
+
+
+def bf16_packing_available() -> bool:
+    """Whether oneDNN computes bfloat16 inner products on this CPU (else bfloat16 weights keep
+    the few-row kernel). float16 is not packed: on an AVX-512 FP16 Xeon without AMX-FP16 its
+    packed kernel measured no faster than float32's."""
+    return packing_available() and _bf16_supported()
+
+
+@functools.cache
+def _bf16_supported() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _packed_linear(rows: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -143,7 +162,9 @@ def _packed_weight(weight: Tensor) -> PackedWeight:
         return cached[1]
     with torch.no_grad():
         reordered = _reorder(weight.detach().contiguous(), None)
-        packed = PackedWeight(reordered, _rounds_lone_rows_apart(reordered, weight.shape[1]))
+        lone_rows_apart = (weight.dtype == torch.float32
+                           and _rounds_lone_rows_apart(reordered, weight.shape[1]))
+        packed = PackedWeight(reordered, lone_rows_apart)
     copies[layout] = (version, packed)
     return packed
 
@@ -178,7 +199,7 @@ def _row_forward(self: nn.Linear, x: Tensor) -> Tensor:
 
 def use_row_kernels(model: nn.Module) -> int:
     """Route every ``nn.Linear`` of ``model`` on the CPU through :func:`project_rows` (reused
-    weights: the packed kernel for float32).
+    weights: the packed kernel for float32, and bfloat16 where oneDNN has it).
 
     Only exact ``nn.Linear`` instances are changed (their instance ``forward``; weights, state
     dict and class are untouched), so subclasses such as quantized linears keep their own

@@ -11,6 +11,7 @@ from entmtp.calibrate._model import load_base_model
 from entmtp.calibrate._random_model import random_model
 from entmtp.calibrate._row_gemm import (
     FEW_ROWS,
+    bf16_packing_available,
     linear_kernel,
     packing_available,
     project_rows,
@@ -21,6 +22,8 @@ from tests.support import make_tiny_llama
 
 needs_packing = pytest.mark.skipif(not packing_available(),
                                    reason="this torch has no oneDNN packed linear")
+needs_bf16_packing = pytest.mark.skipif(not bf16_packing_available(),
+                                        reason="oneDNN has no bfloat16 inner product on this CPU")
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 17, FEW_ROWS, FEW_ROWS + 1, 100])
@@ -127,9 +130,12 @@ def test_a_reused_weight_is_packed_once_until_it_changes(monkeypatch):
                                    layer.bias.expand(3, 8))
         assert len(packings) == 3
         project_rows(features, torch.randn(8, 16), None)  # not reused: never packed
-        project_rows(features.double(), layer.weight.double(), None, reused=True)  # float32 only
-        project_rows(features.bfloat16(), layer.weight.bfloat16(), None, reused=True)
+        # float32, and bfloat16 where oneDNN has it
+        project_rows(features.double(), layer.weight.double(), None, reused=True)
+        project_rows(features.half(), layer.weight.half(), None, reused=True)
         assert len(packings) == 3
+        project_rows(features.bfloat16(), layer.weight.bfloat16(), None, reused=True)
+        assert len(packings) == 3 + bf16_packing_available()
 
 
 @needs_packing
@@ -298,5 +304,43 @@ def _routed(layer: nn.Module) -> bool:
 def test_row_kernel_names_the_kernel():
     weight = torch.randn(4, 4)
     assert row_kernel(weight) == ("onednn-packed" if packing_available() else "few-row")
-    assert row_kernel(weight.bfloat16()) == "few-row"
+    assert row_kernel(weight.bfloat16()) == ("onednn-packed" if bf16_packing_available()
+                                             else "few-row")
+    assert row_kernel(weight.half()) == "few-row"
     assert row_kernel(torch.randn(4, 4, device="meta")) == "torch"
+
+
+@needs_bf16_packing
+@torch.inference_mode()
+@pytest.mark.parametrize("rows", [1, 2, 5, 64, 65, 200])
+def test_bf16_weights_are_packed_and_round_like_f_linear(monkeypatch, rows):
+    packings = _count_packings(monkeypatch)
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 576, generator=generator).bfloat16()
+    bias = torch.randn(300, generator=generator).bfloat16()
+    features = torch.randn(rows, 576, generator=generator).bfloat16()
+    out = project_rows(features, weight, bias, reused=True)
+    assert packings == [(300, 576)]
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 300) and out.is_contiguous()
+    # both accumulate in float32 and round once to bfloat16: at most a unit in the last place
+    expected = F.linear(features, weight, bias)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2 ** -7, atol=2 ** -7)
+
+
+@needs_bf16_packing
+@torch.inference_mode()
+def test_bf16_model_decodes_like_f_linear_in_bf16():
+    reference = make_tiny_llama(seed=6).to(torch.bfloat16)
+    model = copy.deepcopy(reference)
+    use_row_kernels(model)
+    assert all(linear_kernel(m) == "onednn-packed" for m in _linear_layers(model))
+    ids = torch.arange(3, 40).unsqueeze(0) % 128
+    torch.testing.assert_close(model(ids).logits.float(), reference(ids).logits.float(),
+                               rtol=0.02, atol=0.02)
+
+
+def test_half_weights_stay_on_the_few_row_kernel(monkeypatch):
+    packings = _count_packings(monkeypatch)
+    weight = torch.randn(30, 48).half()
+    out = project_rows(torch.randn(3, 48).half(), weight, None, reused=True)
+    assert packings == [] and out.dtype == torch.float16
