@@ -33,7 +33,9 @@ def read_bundle(source: Path) -> tuple[Path, Bundle]:
 
 
 def check_bundle_fits(bundle: Bundle, base, heads) -> None:
-    """One-line ``EntmtpError`` when the bundle was calibrated for another model or head set."""
+    """One-line ``EntmtpError`` when the bundle was calibrated for another model or head set; a
+    warning when its latency model timed steps on another device type or dtype than this run's
+    (its trees were chosen for other step costs; it decodes correctly all the same)."""
     bundle.check_compatible(
         vocab_size=base.vocab_size,
         hidden_size=base.hidden_size,
@@ -41,6 +43,27 @@ def check_bundle_fits(bundle: Bundle, base, heads) -> None:
         num_heads=heads.num_heads,
         heads_sha256=heads.sha256(),
     )
+    mismatch = latency_mismatch(bundle, next(base.model.parameters()))
+    if mismatch is not None:
+        from ._progress import warn
+
+        warn(mismatch)
+
+
+def latency_mismatch(bundle: Bundle, weight) -> str | None:
+    """Why the bundle's latency model does not describe steps of a model whose weights are like
+    ``weight`` (a tensor: its device type and dtype), or None (also for untimed bundles)."""
+    hardware = bundle.latency.hardware if bundle.latency is not None else {}
+    if hardware.get("kind") != "measured":
+        return None
+    timed = (str(hardware.get("device") or "cpu").split(":")[0],
+             str(hardware.get("dtype") or "float32"))
+    running = (weight.device.type, str(weight.dtype).removeprefix("torch."))
+    if timed == running:
+        return None
+    return (f"the bundle was searched under {timed[1]} steps on {timed[0]} but this run "
+            f"decodes in {running[1]} on {running[0]}: its trees were chosen for other step "
+            "costs (pick the bundle made for this device and --dtype, or retarget one)")
 
 
 def check_head_type(head_type: str | None) -> None:

@@ -441,6 +441,31 @@ def test_drift_warning_names_the_way_and_the_fix():
     assert "faster" in drift_warning(1.3)
 
 
+def test_a_bundle_timed_on_another_device_or_dtype_is_named_with_the_fix():
+    from types import SimpleNamespace
+
+    from entmtp.cli._live import latency_mismatch
+
+    def bundle(**hardware):
+        return SimpleNamespace(latency=SimpleNamespace(hardware=hardware))
+
+    cpu_fp32 = torch.zeros(1)
+    cpu_bf16 = torch.zeros(1, dtype=torch.bfloat16)
+    meta_bf16 = torch.zeros(1, dtype=torch.bfloat16, device="meta")
+    timed = bundle(kind="measured", device="cpu", dtype="float32")
+    assert latency_mismatch(timed, cpu_fp32) is None
+    text = latency_mismatch(timed, cpu_bf16)
+    assert "float32 steps on cpu" in text and "bfloat16 on cpu" in text and "retarget" in text
+    gpu = bundle(kind="measured", device="cuda:0", dtype="bfloat16")
+    assert latency_mismatch(gpu, cpu_bf16) is not None
+    assert "on meta" in latency_mismatch(gpu, meta_bf16)
+    # untimed, synthetic or pre-field bundles: nothing to compare (files without a dtype
+    # timed float32 on the CPU)
+    assert latency_mismatch(SimpleNamespace(latency=None), cpu_bf16) is None
+    assert latency_mismatch(bundle(kind="synthetic-gpu"), cpu_bf16) is None
+    assert latency_mismatch(bundle(kind="measured"), cpu_fp32) is None
+
+
 def test_step_time_table_shows_each_trees_drift_against_autoregressive_decoding():
     """drift = the tree's measured/modelled step time times autoregressive decoding's measured
     over modelled speed in the same run: 1 when the step moved with the machine."""
