@@ -53,6 +53,7 @@ _EXPORTS = {
     "bench_methods": "._benchmark",
     "bench_rows": "._benchmark",
     "bundle_prediction": "._benchmark",
+    "speedup_interval": "._benchmark",
     "profile_per_head_set": "._benchmark",
     "torch_threads": "._benchmark",
 }

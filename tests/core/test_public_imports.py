@@ -18,6 +18,7 @@ BENCH_PRIVATE = {
     ("prefix_attention_probe.py", "entmtp.calibrate._train"),
     ("bench_latency_fidelity.py", "entmtp.cli._live"),
     ("bench_low_precision.py", "entmtp.cli._live"),
+    ("bench_cpu_dtypes.py", "entmtp.cli._live"),
 }
 
 

@@ -24,6 +24,10 @@ TARGETS = {
     "cpu2-xeon": ("cpu2-xeon-{head_type}-smollm2-135m.json",
                   {"device": "cpu", "device_name": "Intel(R) Xeon(R) Processor",
                    "torch_threads": 2}),
+    "cpu2-xeon-bf16": ("cpu2-xeon-bf16-{head_type}-smollm2-135m.json",
+                       {"device": "cpu", "device_name": "Intel(R) Xeon(R) Processor",
+                        "torch_threads": 2, "dtype": "bfloat16",
+                        "cpu_signature": "GenuineIntel family 6 model 167 stepping 1"}),
     "cpu2-zen4": ("cpu2-zen4-{head_type}-smollm2-135m.json",
                   {"device": "cpu", "device_name": "AMD EPYC", "torch_threads": 2,
                    "cpu_signature": "AuthenticAMD family 25 model 17 stepping 1"}),
@@ -77,7 +81,7 @@ def test_every_shipped_bundle_is_listed_in_the_bundles_readme():
     for name in names:
         if name.endswith("-cpu2.json"):  # the table lists these; the rest by their pattern
             assert f"`{name}`" in readme
-    for pattern in ("h200", "cpu2-xeon", "cpu2-zen4"):
+    for pattern in ("h200", "cpu2-xeon", "cpu2-xeon-bf16", "cpu2-zen4"):
         assert f"`TASK-TYPE-{pattern}.json`" in readme
 
 
