@@ -4,7 +4,7 @@
         --bundle-fp32 trees/bundles/code-hydra-cpu2-xeon.json \
         --bundle-bf16 trees/bundles/code-hydra-cpu2-xeon-bf16.json \
         [--task code] [--split heldout] [--prompts 10] [--max-new-tokens 128] [--threads 2] \
-        [--json out.json]
+        [--model M --heads H --data D] [--json out.json]
 
 `entmtp bench` runs one dtype per process, so it cannot say what decoding in bfloat16 gains over
 float32 on the same machine at the same moment. Here the model is loaded twice (float32 and
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--bundle-fp32", type=Path, required=True)
     parser.add_argument("--bundle-bf16", type=Path, required=True)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--heads", default=None, help="default: the shipped heads the bundles name")
     parser.add_argument("--task", default=None, help="default: the bf16 bundle's task")
     parser.add_argument("--data", default=None)
     parser.add_argument("--split", default="heldout")
@@ -72,7 +73,8 @@ def main() -> None:
     for dtype in ("fp32", "bf16"):
         path, bundle = bundles[dtype]
         base = load_base(args.model, device="cpu", dtype=dtype)
-        heads = load_heads_for(base, None, bundle.heads.type, args.model, bundle.heads.sha256)
+        heads = load_heads_for(base, args.heads, bundle.heads.type, args.model,
+                               bundle.heads.sha256)
         check_bundle_fits(bundle, base, heads)  # warns if the bundle was timed in another dtype
         encoded = encoded or encode_prompts(base, prompts, args.max_new_tokens)
         eos = sorted(base.eos_token_ids)

@@ -454,6 +454,31 @@ def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp
     assert results[1]["departed"] == 0  # fp32: token-identical to plain greedy decoding
 
 
+def test_dtype_bench_runs_both_dtypes_side_by_side_and_fp32_stays_exact(varied, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "bench" / "bench_cpu_dtypes.py"
+    out = tmp_path / "dtypes.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--bundle-fp32", str(varied.run), "--bundle-bf16",
+         str(varied.run), *map(str, model_args(varied)), "--prompts", "3",
+         "--max-new-tokens", "12", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert set(rows) == {"fp32 autoregressive", "fp32 bundle", "bf16 autoregressive",
+                         "bf16 bundle"}
+    assert all(row["tokens_per_second"] > 0 for row in rows.values())
+    assert rows["fp32 autoregressive"]["mean_accept_length"] == 1.0
+    assert rows["fp32 bundle"]["prompts_departing_from_plain_greedy"] == []  # exact in fp32
+    assert set(rows["bf16 bundle"]["prompts_departing_from_plain_greedy"]) <= {0, 1, 2}
+    assert 0 <= report["bf16_greedy_departs_from_fp32_on"] <= 3
+    for name, entry in report["ratios"].items():
+        row, baseline = name.split(" / ")
+        assert entry["ratio"] == pytest.approx(rows[row]["tokens_per_second"]
+                                               / rows[baseline]["tokens_per_second"])
+        assert entry["ci95"] is None or entry["ci95"][0] <= entry["ci95"][1]
+
+
 @pytest.fixture(scope="module")
 def padded_bundle(varied) -> Path:
     """The calibrated bundle switching between a 2-node chain and a 5-node tree (the tiny heads
