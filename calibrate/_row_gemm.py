@@ -19,7 +19,7 @@ for exactly those shapes. Two kernels, fastest first:
   ``weight.data``) is not seen. bfloat16 weights are packed too where oneDNN computes in
   bfloat16 (``torch.ops.mkldnn._is_mkldnn_bf16_supported``: AVX-512 and AMX CPUs). On a 2-core
   Xeon with AMX (bench/bench_row_gemm.py --dtype bf16) a bfloat16 step is 1.00x-1.12x faster
-  packed than on the few-row kernel, and 1.33x (1 token) to 2.7x (256) faster than float32's
+  packed than on the few-row kernel, and 1.34x (1 token) to 2.7x (256) faster than float32's
   packed step. A bfloat16 row's rounding there depends on the row count (oneDNN picks other
   blockings), so bfloat16 trees are not bitwise one-token steps (as on a GPU), and the lone-row
   probe is for float32 alone.
