@@ -33,6 +33,7 @@ from entmtp.runtime import (
     BundleScheduler,
     SpeculativeDecoder,
     autoregressive_method,
+    ratio,
     run_side_by_side,
     speculative_method,
     speedup_interval,
@@ -101,7 +102,7 @@ def main() -> None:
               f"{shown:>36}")
     ratios = {}
     for row, baseline in RATIOS:
-        value = runs[row].tokens_per_second / runs[baseline].tokens_per_second
+        value = ratio(runs[row].tokens_per_second, runs[baseline].tokens_per_second)
         interval = speedup_interval(runs[row], runs[baseline])
         ratios[f"{row} / {baseline}"] = {"ratio": value, "ci95": interval}
         span = "" if interval is None else f" [{interval[0]:.2f}-{interval[1]:.2f}]"

@@ -118,7 +118,7 @@ def row_kernel(weight: Tensor) -> str:
 def _packs(weight: Tensor, features: Tensor) -> bool:
     return (weight.dtype == features.dtype and weight.dim() == 2 and packing_available()
             and (weight.dtype == torch.float32
-                 or (weight.dtype == torch.bfloat16 and bf16_packing_available())))
+                 or (weight.dtype == torch.bfloat16 and _bf16_supported())))
 
 
 def bf16_packing_available() -> bool:
