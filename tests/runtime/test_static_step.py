@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from entmtp.calibrate._heads import new_heads
 from entmtp.core import EntmtpError
@@ -179,29 +183,88 @@ class _HostSync(AssertionError):
     pass
 
 
+def _bool_indexed(args) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+class _DeviceSyncDetector(TorchDispatchMode):
+    """Raise on every op that a CUDA graph cannot capture: a read of a tensor's value on the
+    host (``data_dependent_output``: ``.item()``, ``bool(t)``, ``equal``), an output whose shape
+    depends on values (``dynamic_output_shape``: ``nonzero``, ``masked_select``, boolean-mask
+    indexing; integer indexing is fine) and a tensor made from Python data (``torch.tensor``:
+    a host-to-device copy whose values the graph would freeze). Seen at the dispatcher, so
+    syncs inside C++ (``x[mask]``) are caught too, not only Python-level reads."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tags = set(func.tags)
+        packet = func.overloadpacket
+        if torch.Tag.data_dependent_output in tags:
+            raise _HostSync(f"{func} reads a tensor on the host inside a static step")
+        if packet in (torch.ops.aten.index, torch.ops.aten.index_put_,
+                      torch.ops.aten.index_put, torch.ops.aten._index_put_impl_):
+            if _bool_indexed(args):
+                raise _HostSync(f"{func} with a boolean mask inside a static step")
+        elif torch.Tag.dynamic_output_shape in tags:
+            raise _HostSync(f"{func}'s output shape depends on values inside a static step")
+        if packet is torch.ops.aten.lift_fresh:
+            raise _HostSync("torch.tensor(Python data) inside a static step")
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.fixture
 def forbid_host_sync(monkeypatch):
-    """Make every Tensor -> Python read raise (what would sync a device)."""
+    """A context in which every Tensor -> Python read raises (what would sync a device) and so
+    does every op a CUDA graph cannot capture (``_DeviceSyncDetector``)."""
     def make(name):
         def refuse(self, *args, **kwargs):
             raise _HostSync(f"Tensor.{name} inside a static step")
         return refuse
 
+    @contextmanager
     def forbid():
-        for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__",
-                     "__index__"):
-            monkeypatch.setattr(torch.Tensor, name, make(name))
+        with monkeypatch.context() as patch:
+            for name in ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__",
+                         "__index__"):
+                patch.setattr(torch.Tensor, name, make(name))
+            with _DeviceSyncDetector():
+                yield
 
     return forbid
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
-def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type,
-                                                            forbid_host_sync):
+@pytest.mark.parametrize("culprit", [
+    lambda x: x.sum().item(), lambda x: x.tolist(), lambda x: bool(x.sum() > 0),
+    lambda x: x[x > 0], lambda x: torch.nonzero(x), lambda x: torch.masked_select(x, x > 0),
+    lambda x: x.index_put_((x > 0,), torch.zeros(())), lambda x: torch.tensor([1, 2]),
+    lambda x: torch.repeat_interleave(torch.ones(3, dtype=torch.int64)),
+])
+def test_the_sync_check_catches_what_a_cuda_graph_cannot_capture(forbid_host_sync, culprit):
+    x = torch.randn(8)
+    with forbid_host_sync(), pytest.raises(_HostSync):
+        culprit(x)
+    with forbid_host_sync():  # integer indexing, reductions and in-place copies pass
+        x.index_select(0, torch.arange(3)).sum()
+        x[torch.arange(3)].argmax()
+        x.clone().copy_(x)
+
+
+@pytest.mark.parametrize(("head_type", "draft_vocab", "dtype"), [
+    ("medusa", None, torch.float32), ("hydra", None, torch.float32),
+    ("medusa", 80, torch.bfloat16), ("hydra", 80, torch.bfloat16),
+])
+def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type, draft_vocab,
+                                                            dtype, forbid_host_sync):
     model, _ = setup
     heads = _noisy_heads(model, head_type)
+    if draft_vocab is not None:
+        generator = torch.Generator().manual_seed(7)
+        heads.set_draft_vocab(torch.randperm(heads.vocab_size, generator=generator)[:draft_vocab])
+    if dtype != torch.float32:
+        model, heads = copy.deepcopy(model).to(dtype), copy.deepcopy(heads).to(dtype)
     decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
     engine = decoder.static_engine
+    assert engine.dtype == dtype
     engine.reserve(128)
     engine.reserve_prepared()
     engine.prefill(torch.tensor(PROMPTS[0]))
@@ -210,12 +273,12 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
               engine.tree_step(TREES["empty"], prepare_depth=4)]
     if head_type == "medusa":
         steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
-    forbid_host_sync()
-    with torch.inference_mode():
+    with torch.inference_mode():  # warm-up first, as before a capture (weights get packed)
         for step in steps:
             step.body(None)
-    with pytest.raises(_HostSync):  # the check can fail
-        torch.ones(2).sum().item()
+    with forbid_host_sync(), torch.inference_mode():
+        for step in steps:
+            step.body(None)
 
 
 def test_breakdown_times_phases_and_decodes_the_same(rt, setup):
@@ -248,7 +311,8 @@ def test_unsupported_models_stay_eager_and_say_so(rt):
 
 class _FakeCuda:
     """Stands in for torch.cuda's graph API on the CPU: capture records the step bodies run
-    inside it and undoes what they did (a real capture executes nothing); replay runs them."""
+    inside it (raising on any op a real capture cannot take) and undoes what they did (a real
+    capture executes nothing); replay runs them."""
 
     def __init__(self, engine, monkeypatch):
         from contextlib import nullcontext
@@ -294,9 +358,12 @@ class _FakeCuda:
             original = cls.body
 
             def body(step, past_len, original=original):
-                if fake.recording is not None:
-                    fake.recording.calls.append(lambda: original(step, None))
-                original(step, past_len)
+                if fake.recording is None:
+                    original(step, past_len)
+                    return
+                fake.recording.calls.append(lambda: original(step, None))
+                with _DeviceSyncDetector():  # what a real capture refuses
+                    original(step, past_len)
 
             monkeypatch.setattr(cls, "body", body)
         cuda = torch.cuda
@@ -500,8 +567,10 @@ def test_padded_steps_never_read_a_tensor_on_the_host(rt, setup, head_type, forb
     steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
     steps.append(engine.tree_step(TREES["deep"], prepare_depth=4))
     assert all(s.width > s.plan.size for s in steps if s.plan.num_nodes)
-    forbid_host_sync()
-    with torch.inference_mode():
+    with torch.inference_mode():  # warm-up first, as before a capture (weights get packed)
+        for step in steps:
+            step.body(None)
+    with forbid_host_sync(), torch.inference_mode():
         for step in steps:
             step.body(None)
 
