@@ -261,7 +261,8 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
         generator = torch.Generator().manual_seed(7)
         heads.set_draft_vocab(torch.randperm(heads.vocab_size, generator=generator)[:draft_vocab])
     if dtype != torch.float32:
-        model, heads = copy.deepcopy(model).to(dtype), copy.deepcopy(heads).to(dtype)
+        model, heads = copy.deepcopy((model, heads))  # one copy: the heads share its lm_head
+        model, heads = model.to(dtype), heads.to(dtype)
     decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
     engine = decoder.static_engine
     assert engine.dtype == dtype
@@ -279,6 +280,36 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
     with forbid_host_sync(), torch.inference_mode():
         for step in steps:
             step.body(None)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_steps_keep_every_tensor_on_the_models_device(rt, setup, head_type):
+    """The graph-shaped steps on a device other than the CPU, as on CUDA (the meta device: no
+    data, so a host read fails too): every buffer, plan and step tensor is made on the model's
+    device, nothing mixes in a CPU tensor, and the CPU-only kernels are not taken."""
+    model, _ = setup
+    heads = _noisy_heads(model, head_type)
+    heads.set_draft_vocab(torch.arange(80))
+    model, heads = copy.deepcopy((model, heads))  # one copy: the heads share its lm_head
+    model, heads = model.to("meta", torch.bfloat16), heads.to("meta", torch.bfloat16)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full", graphs=False,
+                                 padded_nodes=PADDING)
+    engine = decoder.static_engine
+    assert engine.device.type == "meta" and engine.dtype == torch.bfloat16
+    engine.reserve(256)
+    engine.reserve_prepared()
+    with torch.inference_mode():
+        logits = engine.prefill(torch.tensor(PROMPTS[0], device="meta"))
+        steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
+        steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
+                  engine.tree_step(TREES["empty"], prepare_depth=4)]
+        if head_type == "medusa":
+            steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
+        for step in steps:
+            step.body(None)
+    assert logits.device.type == "meta"
+    with pytest.raises(RuntimeError, match="[Mm]eta|device"):  # the check can fail
+        torch.ones(2, device="meta") + torch.ones(2)
 
 
 def test_breakdown_times_phases_and_decodes_the_same(rt, setup):
