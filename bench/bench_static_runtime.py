@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_static_runtime.py [--rounds 5] [--prompts 3]
         [--max-new-tokens 48] [--nodes 0 4 16 64] [--head-types medusa hydra] [--threads N]
-        [--json out.json]
+        [--dtype fp32|bf16|fp16] [--json out.json]
     .venv/bin/python bench/bench_static_runtime.py --tiny --rounds 1   # checks the script only
 
 For each head type and tree (budget trees of ``--nodes`` nodes plus Medusa's mc_sim_7b_63) and
@@ -10,7 +10,8 @@ for autoregressive decoding, both runtimes decode the same prompts greedily in i
 rounds (the engine that goes first alternates). A run's step time is its decode time over its
 steps; each round gives the static / eager ratio of the mean step time over the prompts. Prints
 the median ratio with its min..max over rounds, the median step ms of each runtime, and whether
-the outputs were identical. Run it on a quiet machine: figures taken beside other jobs mean
+the outputs were identical (in fp32 they must be; in bf16 / fp16 the two runtimes' kernels may
+round a near-tie apart). Run it on a quiet machine: figures taken beside other jobs mean
 nothing.
 """
 
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import load_heads, new_heads
-from entmtp.core import HEAD_TYPES, cpu_name, describe_machine
+from entmtp.calibrate import load_heads, new_heads, resolve_dtype
+from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name, describe_machine
 from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate, budget_tree
 from entmtp.treesearch import reference_tree
 
@@ -39,23 +40,23 @@ PROMPTS = [
 ENGINES = ("eager", "static")
 
 
-def tiny_setup(head_types):
+def tiny_setup(head_types, dtype):
     """A tiny random Llama and random heads: checks that the script runs, nothing else."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).to(dtype).eval()
     heads = {t: new_heads(model, head_type=t, num_heads=4, seed=0) for t in head_types}
     prompts = [[1] + [3 + (ord(c) % 250) for c in text[:20]] for text in PROMPTS]
     return model, heads, prompts, [], "tiny random Llama"
 
 
-def model_setup(head_types):
+def model_setup(head_types, dtype):
     from entmtp.calibrate import load_base_model
 
-    base = load_base_model()
+    base = load_base_model(dtype=dtype)
     shipped = Path(str(resources.files("entmtp.trees").joinpath("heads")))
     heads = {}
     for head_type in head_types:
@@ -98,6 +99,7 @@ def main() -> None:
                         choices=HEAD_TYPES)
     parser.add_argument("--topk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_ALIASES))
     parser.add_argument("--tiny", action="store_true",
                         help="tiny random model: check that the script runs")
     parser.add_argument("--json", default=None)
@@ -105,8 +107,9 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    dtype = resolve_dtype(args.dtype)
     setup = tiny_setup if args.tiny else model_setup
-    model, heads, prompts, eos, model_name = setup(args.head_types)
+    model, heads, prompts, eos, model_name = setup(args.head_types, dtype)
     prompts = prompts[: args.prompts]
     arms = [("autoregressive", None, None)]
     for head_type in args.head_types:
@@ -117,8 +120,8 @@ def main() -> None:
             trees.append(("mc_sim_7b_63", reference_tree("mc_sim_7b_63")))
         arms += [(f"{head_type} {label}", heads[head_type], tree) for label, tree in trees]
     print(f"CPU: {cpu_name()}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
-          f"model {model_name}; {len(prompts)} prompts x {args.max_new_tokens} new tokens, "
-          f"{args.rounds} interleaved rounds")
+          f"model {model_name} in {dtype}; {len(prompts)} prompts x {args.max_new_tokens} new "
+          f"tokens, {args.rounds} interleaved rounds")
     warm = prompts[0][:4]
     for _, arm_heads, tree in arms:  # first calls (allocation, plan building) are not timed
         for engine in ENGINES:
@@ -157,7 +160,7 @@ def main() -> None:
               f"{row['identical']}")
     if args.json:
         meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
-                "torch": torch.__version__, "model": model_name,
+                "torch": torch.__version__, "model": model_name, "dtype": str(dtype),
                 "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                 "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
