@@ -300,6 +300,10 @@ first)
     trap 'echo "stopped: packing what is there" >&2; pack_results gpu-check-first.tgz; exit 124' TERM
     print_versions
     status=0
+    # what the stages import, checked at once: a missing wheel shows in seconds, not after the
+    # static check (which needs torch and transformers only)
+    "$PY" -c 'import entmtp.cli, gguf, jsonschema, optuna, typer, rich, matplotlib, yaml' \
+        || { status=1; echo "an import failed: the latency and retarget stages will fail; see above" >&2; }
     limit=$(stage_limit 240)
     if (( limit > 0 )); then
         # shellcheck disable=SC2086
