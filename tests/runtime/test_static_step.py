@@ -249,6 +249,28 @@ def test_the_sync_check_catches_what_a_cuda_graph_cannot_capture(forbid_host_syn
         x.clone().copy_(x)
 
 
+def _every_step_variant(engine, head_type: str) -> list:
+    """Each tree's plain step, the preparation, a draft-entropy tree and empty-tree step, and
+    for Medusa the fused empty-tree step."""
+    steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
+    steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
+              engine.tree_step(TREES["empty"], prepare_depth=4)]
+    if head_type == "medusa":
+        steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
+    return steps
+
+
+def _run_as_captured(steps, forbid_host_sync) -> None:
+    """Warm-up runs first, as before a capture (the CPU kernels pack weights on first use), then
+    each step's body as a capture would record it: with host syncs forbidden."""
+    with torch.inference_mode():
+        for step in steps:
+            step.body(None)
+    with forbid_host_sync(), torch.inference_mode():
+        for step in steps:
+            step.body(None)
+
+
 @pytest.mark.parametrize(("head_type", "draft_vocab", "dtype"), [
     ("medusa", None, torch.float32), ("hydra", None, torch.float32),
     ("medusa", 80, torch.bfloat16), ("hydra", 80, torch.bfloat16),
@@ -269,17 +291,8 @@ def test_graph_shaped_steps_never_read_a_tensor_on_the_host(rt, setup, head_type
     engine.reserve(128)
     engine.reserve_prepared()
     engine.prefill(torch.tensor(PROMPTS[0]))
-    steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
-    steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
-              engine.tree_step(TREES["empty"], prepare_depth=4)]
-    if head_type == "medusa":
-        steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
-    with torch.inference_mode():  # warm-up first, as before a capture (weights get packed)
-        for step in steps:
-            step.body(None)
-    with forbid_host_sync(), torch.inference_mode():
-        for step in steps:
-            step.body(None)
+    steps = _every_step_variant(engine, head_type)
+    _run_as_captured(steps, forbid_host_sync)
 
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
@@ -300,12 +313,7 @@ def test_steps_keep_every_tensor_on_the_models_device(rt, setup, head_type):
     engine.reserve_prepared()
     with torch.inference_mode():
         logits = engine.prefill(torch.tensor(PROMPTS[0], device="meta"))
-        steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
-        steps += [engine.prepare_step(4), engine.tree_step(TREES["deep"], prepare_depth=4),
-                  engine.tree_step(TREES["empty"], prepare_depth=4)]
-        if head_type == "medusa":
-            steps.append(engine.tree_step(TREES["empty"], prepare_depth=4, fuse=True))
-        for step in steps:
+        for step in _every_step_variant(engine, head_type):
             step.body(None)
     assert logits.device.type == "meta"
     with pytest.raises(RuntimeError, match="[Mm]eta|device"):  # the check can fail
@@ -598,12 +606,7 @@ def test_padded_steps_never_read_a_tensor_on_the_host(rt, setup, head_type, forb
     steps = [engine.tree_step(tree, base_entropy=True) for tree in TREES.values()]
     steps.append(engine.tree_step(TREES["deep"], prepare_depth=4))
     assert all(s.width > s.plan.size for s in steps if s.plan.num_nodes)
-    with torch.inference_mode():  # warm-up first, as before a capture (weights get packed)
-        for step in steps:
-            step.body(None)
-    with forbid_host_sync(), torch.inference_mode():
-        for step in steps:
-            step.body(None)
+    _run_as_captured(steps, forbid_host_sync)
 
 
 @pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
