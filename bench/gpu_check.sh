@@ -48,9 +48,9 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 TASKS=${TASKS:-code math chat lit}
 HEAD_TYPES=${HEAD_TYPES:-medusa hydra}
-# seconds `first` and `run` may take in all: the device tool stops a command at 600 s, and the lease may
-# have less left (`status`: budget_left_s); each stage's limit is cut to what is left, a stage
-# with under STAGE_MIN_S left is skipped, and the results are packed in time to come back
+# seconds `first` and `run` may take in all: the device tool stops a command at 600 s, and the
+# lease may have less left (`status`: budget_left_s); each stage's limit is cut to what is left,
+# a stage with under STAGE_MIN_S left is skipped, and the results are packed in time to come back
 RUN_BUDGET=${RUN_BUDGET:-390}
 FIRST_BUDGET=${FIRST_BUDGET:-330}
 STAGE_MIN_S=${STAGE_MIN_S:-15}
