@@ -8,22 +8,30 @@
 # $OUT (the device tool returns at most 8 files).
 #
 # The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
-# checkout (tracked and untracked-not-ignored files, ~50 MB), so the model travels in parts, one
-# per call, made back to back (a warm machine keeps /tmp between calls, and goes back after ~30 s
-# idle). `prepare` sizes the parts to what the checkout leaves free and prints the calls. What
-# needs no model file runs in the first call, so that its results come back even if a later
-# call finds the machine gone:
+# checkout (tracked and untracked-not-ignored files, ~51 MB, 43 MB of it the heads folders), so
+# the model travels in parts, in calls made back to back (a warm machine keeps /tmp between
+# calls, and goes back after ~30 s idle). The calls that only carry parts need no heads:
+# `lean`, run here, takes trees/heads out of the index (the files stay) and ignores it, so those
+# calls carry an 8 MB checkout; `full` puts it back before the calls that run something.
+# `prepare` sizes the parts to what the checkout leaves free and prints the calls
+# (.gpu/calls.txt; `here:` lines run on this machine between device calls):
 #
 #   here:            bench/gpu_check.sh prepare -> .gpu/ (ignored): gzipped model parts + sha256, wheels,
 #                                                  held-out prompts; .gpu/calls.txt, the calls
-#   device call 1:   bench/gpu_check.sh first   carry .gpu/part1 (part 1 + the wheels the image
-#                    lacks: optuna, gguf, jsonschema): keeps them, then
-#                    bench/gpu_static_check.py (random weights: graphs == no graphs, static vs
-#                    eager, capture time and memory, eager vs graph step ms), (a) and (b)
-#                    -> $OUT/gpu-check-first.tgz
-#   calls 2..N-1:    bench/gpu_check.sh receive carry .gpu/partK
-#   device call N:   bench/gpu_check.sh run     carry .gpu/partN .gpu/payload: (c), the
+#   here:            bench/gpu_check.sh lean
+#   device calls 1-2: bench/gpu_check.sh receive carry .gpu/part1 (+ the wheels the image lacks:
+#                    optuna, gguf, jsonschema), then .gpu/part2
+#   here:            bench/gpu_check.sh full
+#   device call 3:   bench/gpu_check.sh first: bench/gpu_static_check.py (random weights:
+#                    graphs == no graphs, static vs eager, capture time and memory, eager vs
+#                    graph step ms), (a) and (b), which need no model file -> $OUT/gpu-check-first.tgz
+#   device call 4:   bench/gpu_check.sh run     carry .gpu/payload: joins the model, (c), the
 #                    low-precision check -> $OUT/gpu-check.tgz (with (a) and (b) again)
+#
+# If the device tool refuses the first lean call as too large (it counted the heads anyway):
+# `bench/gpu_check.sh full`, then `LEAN=0 bench/gpu_check.sh prepare`
+# prints the plan without `lean`: seven calls that each carry the whole checkout, the first
+# (`first`, with part 1 and the wheels) returning the model-free results at once.
 #
 # `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs;
 # it redoes (a) and (b) first when the first call's results are not on the machine. `first` keeps
@@ -171,7 +179,7 @@ checkout_bytes() {
 # that a call carries the checkout without them; `full` puts them back as they were. The device
 # tool sends tracked and untracked-not-ignored files, as `checkout_bytes` counts them.
 LEAN_DIR=trees/heads
-LEAN_MARK="/$LEAN_DIR/  # bench/gpu_check.sh lean"
+LEAN_COMMENT="# left out by bench/gpu_check.sh lean until bench/gpu_check.sh full:"
 
 lean_on() {
     [[ -f .gpu/calls.txt ]] || { echo "run bench/gpu_check.sh prepare first" >&2; exit 2; }
@@ -179,7 +187,7 @@ lean_on() {
         || { echo "$LEAN_DIR has changes: commit or restore them first" >&2; exit 2; }
     local exclude
     exclude=$(git rev-parse --git-path info/exclude)
-    grep -qxF "$LEAN_MARK" "$exclude" 2>/dev/null || echo "$LEAN_MARK" >> "$exclude"
+    grep -qxF "/$LEAN_DIR/" "$exclude" 2>/dev/null || printf '%s\n/%s/\n' "$LEAN_COMMENT" "$LEAN_DIR" >> "$exclude"
     git rm -r -q --cached -- "$LEAN_DIR"
     touch .gpu/LEAN
     echo "lean: $LEAN_DIR out of the index (files kept); a call now carries $(checkout_bytes) bytes of checkout; bench/gpu_check.sh full puts it back"
@@ -190,7 +198,7 @@ lean_off() {
     exclude=$(git rev-parse --git-path info/exclude)
     git reset -q -- "$LEAN_DIR"
     if [[ -f $exclude ]]; then
-        grep -vxF "$LEAN_MARK" "$exclude" > "$exclude.tmp" || true
+        grep -vxF -e "$LEAN_COMMENT" -e "/$LEAN_DIR/" "$exclude" > "$exclude.tmp" || true
         mv "$exclude.tmp" "$exclude"
     fi
     rm -f .gpu/LEAN

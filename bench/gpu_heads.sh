@@ -11,10 +11,12 @@
 #   here:            bench/gpu_heads.sh prepare -> .gpu/ as gpu_check.sh prepare makes it, the
 #                                                  last part with heads-mix.jsonl.gz (the training
 #                                                  mix of bench/train_heads.py --write-jsonl)
-#   calls 1..N-1:    bench/gpu_check.sh receive carry .gpu/partK
-#   device call N:   bench/gpu_heads.sh run     carry .gpu/partN .gpu/payload
+#   here:            bench/gpu_check.sh lean
+#   device calls:    bench/gpu_check.sh receive carry .gpu/partK, for each part
+#   here:            bench/gpu_check.sh full
+#   last call:       bench/gpu_heads.sh run     carry .gpu/payload
 #
-# (`prepare` prints the calls and writes them to .gpu/calls.txt.)
+# (`prepare` prints the calls and writes them to .gpu/calls.txt; LEAN=0 as in gpu_check.sh.)
 # `run` leaves $OUT/gpu-heads.tgz (split into <= 16 MiB parts gpu-heads.tgz.part-N when larger):
 # heads/smollm2-135m-{medusa,hydra} (fp16 safetensors + config.json with the held-out table,
 # drafting over the DRAFT_VOCAB most frequent targets; the same weights, so of heads/full-vocab-*
