@@ -180,6 +180,7 @@ checkout_bytes() {
 # tool sends tracked and untracked-not-ignored files, as `checkout_bytes` counts them.
 LEAN_DIR=trees/heads
 LEAN_COMMENT="# left out by bench/gpu_check.sh lean until bench/gpu_check.sh full:"
+LEAN_HOOK="# written by bench/gpu_check.sh lean, removed by bench/gpu_check.sh full"
 
 lean_on() {
     [[ -f .gpu/calls.txt ]] || { echo "run bench/gpu_check.sh prepare first" >&2; exit 2; }
@@ -190,6 +191,16 @@ lean_on() {
     grep -qxF "/$LEAN_DIR/" "$exclude" 2>/dev/null || printf '%s\n/%s/\n' "$LEAN_COMMENT" "$LEAN_DIR" >> "$exclude"
     git rm -r -q --cached -- "$LEAN_DIR"
     touch .gpu/LEAN
+    # a commit now would delete the heads from the repository: refuse commits until `full`
+    local hook
+    hook=$(git rev-parse --git-path hooks)/pre-commit
+    if [[ ! -e $hook ]]; then
+        mkdir -p "$(dirname "$hook")"
+        printf '#!/bin/sh\n%s\necho "the checkout is lean (trees/heads out of the index): run bench/gpu_check.sh full before committing" >&2\nexit 1\n' "$LEAN_HOOK" > "$hook"
+        chmod +x "$hook"
+    else
+        echo "warning: $hook exists, so commits are not blocked while lean: do not commit before bench/gpu_check.sh full" >&2
+    fi
     echo "lean: $LEAN_DIR out of the index (files kept); a call now carries $(checkout_bytes) bytes of checkout; bench/gpu_check.sh full puts it back"
 }
 
@@ -202,6 +213,9 @@ lean_off() {
         mv "$exclude.tmp" "$exclude"
     fi
     rm -f .gpu/LEAN
+    local hook
+    hook=$(git rev-parse --git-path hooks)/pre-commit
+    if [[ -f $hook ]] && grep -qxF "$LEAN_HOOK" "$hook"; then rm -f "$hook"; fi
     [[ -z $(git status --porcelain -- "$LEAN_DIR") ]] \
         || { echo "$LEAN_DIR differs from HEAD after restoring the index: see git status" >&2; exit 2; }
     echo "full: $LEAN_DIR tracked again; a call carries $(checkout_bytes) bytes of checkout"

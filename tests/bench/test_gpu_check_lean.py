@@ -55,7 +55,12 @@ def test_lean_leaves_the_heads_out_of_every_call_and_full_restores_the_index(rep
     assert travels(repo) == ["README.md", "bench/gpu_check.sh", "trees/profiles/p.npz"]
     assert (repo / "trees/heads/a/heads.safetensors").read_text() == "weights"  # files kept
     assert phase(repo, "prepare").returncode == 2  # refused while lean
+    commit = subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
+                             "-m", "would delete the heads"], cwd=repo, capture_output=True,
+                            text=True)
+    assert commit.returncode != 0 and "lean" in commit.stderr  # refused while lean
     assert phase(repo, "full").returncode == 0
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
     assert travels(repo) == before
     assert git(repo, "status", "--porcelain") == ""
     assert (repo / ".git" / "info" / "exclude").read_text() == exclude
