@@ -287,7 +287,7 @@ model_free_stages() {
     local type task start limit pids=()
     for type in $HEAD_TYPES; do
         start=$SECONDS
-        limit=$(stage_limit 150)
+        limit=$(stage_limit 90)
         (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
         timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
@@ -300,7 +300,7 @@ model_free_stages() {
     # search is single-threaded and the GPU machine has 16 cores)
     for task in $TASKS; do for type in $HEAD_TYPES; do
         [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
-        limit=$(stage_limit 240)
+        limit=$(stage_limit 150)  # ~40 s each on one core of a 2-core Xeon
         (( limit > 0 )) || { status=124; echo "retarget $task-$type: skipped, out of time" >&2; continue; }
         timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
             --latency "$results/latency/$type.json" --max-nodes 128 \
@@ -395,12 +395,14 @@ first)
     # static check (which needs torch and transformers only)
     "$PY" -c 'import entmtp.cli, gguf, jsonschema, optuna, typer, rich, matplotlib, yaml' \
         || { status=1; echo "an import failed: the latency and retarget stages will fail; see above" >&2; }
-    limit=$(stage_limit 240)
+    # the static check writes its report after every arm, the targets' arms first, and skips
+    # the arms that would overrun its share (the eager runtime's steps are ~25 ms on a GPU)
+    limit=$(stage_limit 150)
     if (( limit > 0 )); then
         # shellcheck disable=SC2086
         timeout "$limit" "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
-            --out "$results" ${STATIC_CHECK_ARGS:-} \
-            || { status=$?; echo "static check: failed (exit $status)" >&2; }
+            --out "$results" --new-tokens 48 --rounds 2 --budget-s $((limit - 15)) \
+            ${STATIC_CHECK_ARGS:-} || { status=$?; echo "static check: failed (exit $status)" >&2; }
     else
         status=124; echo "static check: skipped, out of time" >&2
     fi

@@ -3,6 +3,7 @@ eager runtime decodes; capture time and memory; per-step ms of both runtimes sid
 
     python bench/gpu_static_check.py [--device cuda] [--dtype fp32] [--new-tokens 64]
                                      [--rounds 3] [--prompts 3] [--out DIR] [--tiny]
+                                     [--budget-s S]
     python bench/gpu_static_check.py --device cpu --tiny --rounds 1   # checks the script only
 
 The model is the default model's architecture (SmolLM2-135M: the sizes below are its config)
@@ -19,7 +20,9 @@ dtype (runtime/_departures.py: a near-tie of the top two logits, or not). The is
 graph runtime's autoregressive step over the bare captured forward of one token (at most 1.25x),
 and a 64-node tree's whole step over the bare captured forward of its 65 tokens (drafting and
 bookkeeping at most 15% of it), both over the same static cache. Writes ``static_check.json``
-under ``--out`` (default ``$OUT`` or the working directory). Any figure comes from the machine
+under ``--out`` (default ``$OUT`` or the working directory) after every arm, so a run stopped
+early keeps the arms it finished; ``--budget-s`` skips the arms that would not finish in time
+(the targets' arms come first). Any figure comes from the machine
 it ran on; none is written here.
 """
 
@@ -78,19 +81,21 @@ def build(device: str, dtype: torch.dtype, tiny: bool):
 
 
 def arms(heads):
+    """The arms, most needed first (a run that is out of time keeps those): the targets'
+    (autoregressive, 64 nodes), the draft-entropy schedules (prepare and fused steps), then the
+    other trees."""
     chain = Tree.from_paths([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
     mc = reference_tree("mc_sim_7b_63")
     big = budget_tree(128, 4, topk=TOPK, num_heads=4)
     sixty_four = budget_tree(64, 4, topk=TOPK, num_heads=4)
     deep = budget_tree(32, 4, topk=TOPK, num_heads=4)
+    switching = Schedule((deep, Tree.from_paths([])), (1e9,), EntropyEstimator.last(),
+                         DRAFT_ENTROPY)
     out = [("autoregressive", None, None)]
-    for head_type in HEAD_TYPES:
-        for name, tree in (("chain4", chain), ("mc_sim_7b_63", mc), ("64 nodes", sixty_four),
-                           ("128 nodes", big)):
-            out.append((f"{head_type} {name}", heads[head_type], StaticScheduler(tree)))
-        out.append((f"{head_type} draft-entropy", heads[head_type],
-                    Schedule((deep, Tree.from_paths([])), (1e9,),
-                             EntropyEstimator.last(), DRAFT_ENTROPY)))
+    out += [(f"{t} 64 nodes", heads[t], StaticScheduler(sixty_four)) for t in HEAD_TYPES]
+    out += [(f"{t} draft-entropy", heads[t], switching) for t in HEAD_TYPES]
+    for name, tree in (("mc_sim_7b_63", mc), ("chain4", chain), ("128 nodes", big)):
+        out += [(f"{t} {name}", heads[t], StaticScheduler(tree)) for t in HEAD_TYPES]
     return out
 
 
@@ -197,6 +202,23 @@ def step_ms(results) -> float:
     return statistics.fmean(r.decode_ms / max(r.steps, 1) for r in results)
 
 
+TARGETS = {"autoregressive": 1.25, "medusa 64 nodes": 1.15, "hydra 64 nodes": 1.15}
+
+
+def write_report(report: dict, out: Path) -> None:
+    """``static_check.json`` under ``out`` with the targets of the arms so far (temp file, then
+    rename: a run stopped mid-write leaves the previous report)."""
+    report["targets"] = {
+        row["arm"]: {"step_over_bare_forward": row["step_over_bare_forward"],
+                     "at_most": TARGETS[row["arm"]],
+                     "pass": row["step_over_bare_forward"] <= TARGETS[row["arm"]]}
+        for row in report["arms"] if row["arm"] in TARGETS}
+    out.mkdir(parents=True, exist_ok=True)
+    temporary = out / "static_check.json.tmp"
+    temporary.write_text(json.dumps(report, indent=1) + "\n")
+    temporary.replace(out / "static_check.json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -206,7 +228,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks the script")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="seconds the run may take (0: no limit): an arm that would end "
+                             "past them, judged by the longest arm so far, is skipped")
     args = parser.parse_args()
+    started = time.perf_counter()
 
     model, heads = build(args.device, resolve_dtype(args.dtype), args.tiny)
     vocab = model.config.vocab_size
@@ -221,7 +247,15 @@ def main() -> None:
               "new_tokens": args.new_tokens, "prompts": len(prompts), "rounds": args.rounds,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": []}
     plain_greedy = plain_outputs(model, prompts, args.new_tokens)
+    out = Path(args.out)
+    longest = 0.0
+    report["skipped_arms"] = []
     for name, arm_heads, scheduler in arms(heads):
+        arm_start = time.perf_counter()
+        if args.budget_s and arm_start - started + longest > args.budget_s:
+            report["skipped_arms"].append(name)
+            print(f"{name}: skipped (the budget of {args.budget_s:.0f} s would be exceeded)")
+            continue
         if isinstance(scheduler, Schedule):
             scheduler = split_at_median(model, arm_heads, scheduler, prompts, args.new_tokens)
         runners = {(engine, graphs): Runner(model, arm_heads, scheduler, engine, graphs, prompts,
@@ -270,25 +304,19 @@ def main() -> None:
                   f"{row['bare_forward_ms']:.2f} ms: "
                   f"step / bare {row['step_over_bare_forward']:.3f}")
         report["arms"].append(row)
+        longest = max(longest, time.perf_counter() - arm_start)
+        write_report(report, out)  # after every arm: a run stopped later keeps these
         print(f"{name:26s} graphs==plain {same_as_plain!s:5s} static==eager "
               f"{row['static_equals_eager']!s:5s} eager {row['eager_step_ms']:8.2f} ms "
               f"graphs {row['static_graph_step_ms']:8.2f} ms  x{row['speedup']:.2f}  "
               f"captures {len(captures)} "
               f"({sum(c['capture_ms'] for c in captures):.0f} ms, "
               f"{sum(c['memory_bytes'] for c in captures) / 2**20:.0f} MiB)")
-    targets = {"autoregressive": 1.25, "medusa 64 nodes": 1.15, "hydra 64 nodes": 1.15}
-    report["targets"] = {
-        row["arm"]: {"step_over_bare_forward": row["step_over_bare_forward"],
-                     "at_most": targets[row["arm"]],
-                     "pass": row["step_over_bare_forward"] <= targets[row["arm"]]}
-        for row in report["arms"] if row["arm"] in targets}
+    write_report(report, out)
     for arm, verdict in report["targets"].items():
         print(f"target {arm}: graph step / bare captured forward "
               f"{verdict['step_over_bare_forward']:.3f} (at most {verdict['at_most']}) "
               f"{'PASS' if verdict['pass'] else 'MISS'}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "static_check.json").write_text(json.dumps(report, indent=1) + "\n")
     if not all(row["graphs_equal_no_graphs"] for row in report["arms"]):
         raise SystemExit("graph replay decoded differently from the same steps without graphs")
 
