@@ -439,7 +439,10 @@ run)
     else
         model_free_stages
     fi
-    # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle
+    # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle. A bench
+    # writes its report at its end, so one that would not fit the time left runs fewer prompts
+    # (in proportion to the last task's seconds per prompt) rather than being cut off.
+    per_prompt=0
     for task in $TASKS; do
         bundles=()
         for type in $HEAD_TYPES; do
@@ -449,12 +452,19 @@ run)
         start=$SECONDS
         limit=$(stage_limit 200)
         (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; continue; }
+        prompts=$PROMPTS
+        if (( per_prompt > 0 && per_prompt * PROMPTS > limit - 10 )); then
+            prompts=$(( (limit - 10) / per_prompt ))
+            (( prompts >= 2 )) || { status=124; echo "bench $task: skipped, out of time" >&2; continue; }
+            echo "bench $task: $prompts prompts, not $PROMPTS, to finish in the $limit s left" >&2
+        fi
         timeout "$limit" "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
-            --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
+            --split all --prompts "$prompts" --max-new-tokens "$MAX_NEW_TOKENS" \
             --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
             --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
             --targets bench/targets.py || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
         echo "bench $task: $((SECONDS - start)) s"
+        per_prompt=$(( (SECONDS - start + prompts - 1) / prompts ))  # rounded up
     done
     # (d) where bf16 output departs from plain greedy decoding in bf16, and why (top-2 margins)
     lp_bundles=()
