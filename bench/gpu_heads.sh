@@ -97,7 +97,10 @@ PYTHON
     cp "$data/index.json" "$results/data-index.json"
     local pids=()
     for type in $HEAD_TYPES; do
+        # --max-seconds ends the training in time (a shortened schedule, the heads written);
+        # the timeout is only the backstop
         timeout "$TRAIN_SECONDS" "${ENTMTP[@]}" heads train --type "$type" --from-data "$data" \
+            --max-seconds $((TRAIN_SECONDS - 25)) \
             --allow-unfinished --epochs "$EPOCHS" --batch-size "$TRAIN_BATCH" --lr "$LR" \
             --loss full --distill "$DISTILL" --forward-batch "$FORWARD_BATCH" --heldout-fraction 0.02 \
             --device "$DEVICE" --dtype "$DTYPE" --out "$results/heads/full-vocab-$type" \

@@ -93,6 +93,8 @@ class TrainReport:
     heldout: list[HeadAccuracy] = field(default_factory=list)
     generation_seconds: float = 0.0
     training_seconds: float = 0.0
+    planned_steps: int = 0  # epochs x batches per epoch
+    steps: int = 0  # optimizer steps taken: fewer when a deadline shortened the schedule
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -356,8 +358,17 @@ def fit_heads(
     random_negatives: int = 4096,
     distill_topk: int = 0,
     progress: Progress | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    plan: FitPlan | None = None,
 ) -> list[float]:
     """Train ``heads`` in place on cached trajectories; returns the mean loss of each epoch.
+
+    ``deadline`` (a ``clock()`` value; None: none): the training ends by then. Once a few steps
+    have timed the step, a schedule that would not fit is shortened to the steps that do (the
+    learning rate still warms up and decays to zero, over fewer steps), leaving a twentieth of
+    the time left for what follows (held-out accuracy, saving). ``plan`` (optional) receives the
+    planned and the taken step counts.
 
     AdamW with 5 % linear warm-up then cosine decay; the loss is the sum over heads of the
     cross-entropy on the token ``d`` steps after the root. ``softmax_vocab`` is the vocabulary
@@ -392,18 +403,24 @@ def fit_heads(
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
     count = len(examples.rows)
-    total_steps = epochs * math.ceil(count / batch_size)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps))
+    plan = plan if plan is not None else FitPlan()
+    plan.planned = plan.total = epochs * math.ceil(count / batch_size)
+    plan.taken, plan.timed_from = 0, None
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(plan.total)(step))
     device, dtype = heads.device, heads.dtype
     heads.train()
     losses: list[float] = []
-    step = 0
-    _report(progress, "train", 0, total_steps)
+    _report(progress, "train", 0, plan.total)
     try:
         for _ in range(epochs):
+            if plan.taken >= plan.total:
+                break
             order = torch.randperm(count, generator=generator)
             epoch_loss, epoch_batches = 0.0, 0
             for start in range(0, count, batch_size):
+                if plan.taken >= plan.total:
+                    break
                 picked = order[start:start + batch_size]
                 rows = examples.rows[picked]
                 hidden = examples.hidden[rows].to(device, dtype)
@@ -412,12 +429,46 @@ def fit_heads(
                                   random_negatives=random_negatives, generator=generator)
                 epoch_loss += optimizer_step(loss, optimizer, scheduler, parameters)
                 epoch_batches += 1
-                step += 1
-                _report(progress, "train", step, total_steps)
+                plan.taken += 1
+                if deadline is not None:
+                    plan.fit_to(deadline, clock())
+                _report(progress, "train", plan.taken, plan.total)
             losses.append(epoch_loss / max(1, epoch_batches))
     finally:
         heads.eval()
     return losses
+
+
+@dataclass
+class FitPlan:
+    """Optimizer steps of a training: planned (epochs x batches), the schedule's length (the
+    planned count, or fewer to meet a deadline) and taken."""
+
+    planned: int = 0
+    total: int = 0
+    taken: int = 0
+    timed_from: float | None = None  # clock() after the warm-up steps
+
+    WARMUP_STEPS = 3  # steps not timed (allocation, kernel selection)
+    TIMED_STEPS = 2  # steps timed before the schedule may be shortened
+
+    def fit_to(self, deadline: float, now: float) -> None:
+        """After a step: stop at once past ``deadline``; else shorten the schedule to the steps
+        that end by then with a twentieth of the time left to spare, judged by the mean step
+        since the warm-up steps. The schedule only ever shortens."""
+        if now >= deadline:
+            self.total = self.taken
+            return
+        if self.taken == self.WARMUP_STEPS:
+            self.timed_from = now
+        if self.timed_from is None or self.taken < self.WARMUP_STEPS + self.TIMED_STEPS:
+            return
+        per_step = (now - self.timed_from) / (self.taken - self.WARMUP_STEPS)
+        if per_step <= 0:
+            return
+        remaining = int((deadline - now) * 0.95 / per_step)
+        floor = min(self.taken + 1, self.total)  # the step the deadline still leaves room for
+        self.total = max(floor, min(self.total, self.taken + remaining))
 
 
 def warmup_cosine(total_steps: int) -> Callable[[int], float]:
@@ -673,9 +724,11 @@ def train_heads(
     max_length: int = 512,
     softmax_vocab: str = "full",
     distill_topk: int = 0,
+    deadline: float | None = None,
 ) -> TrainReport:
     """Train ``heads`` in place (in float32: see ``fit_heads``) on ``base`` (frozen, in its own
-    dtype and device) and report held-out accuracy per head.
+    dtype and device) and report held-out accuracy per head. ``deadline``: a
+    ``time.monotonic()`` value the training ends by (``fit_heads``).
 
     mode "self-distill": ``texts_or_prompts`` are prompts (text, TaskPrompt-like or token ids)
     whose greedy continuations are the targets; "text": the texts themselves, teacher-forced.
@@ -699,7 +752,7 @@ def train_heads(
     report = train_on_trajectories(
         heads, trajectories, mode=mode, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
         max_new_tokens=max_new_tokens, progress=progress, heldout_fraction=heldout_fraction,
-        softmax_vocab=softmax_vocab, distill_topk=distill_topk,
+        softmax_vocab=softmax_vocab, distill_topk=distill_topk, deadline=deadline,
     )
     report.generation_seconds = time.perf_counter() - started - report.training_seconds
     return report
@@ -719,11 +772,14 @@ def train_on_trajectories(
     heldout_fraction: float = 0.1,
     softmax_vocab: str = "full",
     distill_topk: int = 0,
+    deadline: float | None = None,
 ) -> TrainReport:
     """Train ``heads`` in place on ready trajectories (in memory or read from head data) and
-    report held-out accuracy on a seeded ``heldout_fraction`` of them."""
+    report held-out accuracy on a seeded ``heldout_fraction`` of them. ``deadline``: a
+    ``time.monotonic()`` value the training ends by (``fit_heads``)."""
     started = time.perf_counter()
     train, heldout = split_heldout(trajectories, fraction=heldout_fraction, seed=seed)
+    plan = FitPlan()
     losses = fit_heads(
         heads,
         train,
@@ -734,6 +790,8 @@ def train_on_trajectories(
         softmax_vocab=softmax_vocab,
         distill_topk=distill_topk,
         progress=progress,
+        deadline=deadline,
+        plan=plan,
     )
     trained = time.perf_counter()
     accuracy = head_accuracy(heads, heldout) if heldout else []
@@ -755,4 +813,6 @@ def train_on_trajectories(
         epoch_losses=losses,
         heldout=accuracy,
         training_seconds=trained - started,
+        planned_steps=plan.planned,
+        steps=plan.taken,
     )

@@ -134,6 +134,11 @@ def train(
                                             "(written on the first run, read by later ones: "
                                             "the forward costs more than training on a CPU); "
                                             "one per --from-data, in the same order."),
+    max_seconds: float | None = typer.Option(None, "--max-seconds", help="End the training "
+                                             "by this many seconds after the command starts: "
+                                             "a schedule that would not fit is shortened (the "
+                                             "learning rate still decays to zero) and the heads "
+                                             "are written as usual."),
     device: str = DEVICE_OPTION,
     dtype: str = DTYPE_OPTION,
     force: bool = FORCE_OPTION,
@@ -147,10 +152,13 @@ def train(
 
     Example: entmtp heads train --type hydra --from-data data/smollm2 --out heads/h
     """
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     device, dtype_name = check_device_and_dtype(device, dtype)
     console = Console()
     if head_type not in HEAD_TYPES:
         raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
+    if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
+        raise EntmtpError(f"--max-seconds {max_seconds}: give a positive number of seconds")
     if (num_heads is not None and num_heads < 1) or (num_layers is not None and num_layers < 1):
         raise EntmtpError("--num-heads and --num-layers must be at least 1")
     if init_heads is not None and not init_heads.is_dir():
@@ -215,6 +223,7 @@ def train(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, progress=progress,
                 heldout_fraction=heldout_fraction, softmax_vocab=loss, distill_topk=distill,
+                deadline=deadline,
             )
             source = {"head_data": folders}
         else:
@@ -222,7 +231,7 @@ def train(
                 base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, max_new_tokens=max_new_tokens,
                 progress=progress, heldout_fraction=heldout_fraction, softmax_vocab=loss,
-                distill_topk=distill,
+                distill_topk=distill, deadline=deadline,
             )
             source = {"tasks": None if data else list(task), "data": data, "split": split,
                       "prompts": len(items)}
@@ -237,6 +246,9 @@ def train(
     }
     path = save_heads(heads, out, extra=training)
     losses = report.epoch_losses
+    if report.steps < report.planned_steps:
+        console.print(f"--max-seconds: trained {report.steps} of {report.planned_steps} "
+                      "planned steps (the schedule shortened to end in time)")
     console.print(f"trained on {report.train_trajectories} trajectories "
                   f"({report.train_positions} positions); loss {losses[0]:.3f} after epoch 1, "
                   f"{losses[-1]:.3f} after epoch {len(losses)}")

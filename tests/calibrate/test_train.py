@@ -11,6 +11,7 @@ import torch
 
 from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import (
+    FitPlan,
     HeadRanks,
     Trajectory,
     _batch_vocab,
@@ -455,3 +456,62 @@ def test_warmup_cosine_rises_linearly_then_decays_to_zero():
     assert all(later <= earlier for earlier, later in zip(values[10:], values[11:], strict=False))
     assert values[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 189 / 190)))
     assert warmup_cosine(3)(0) == 1.0  # fewer than 20 steps: a warm-up of one step
+
+
+class _StepClock:
+    """A clock that advances ``per_call`` seconds at every read (one read per optimizer step)."""
+
+    def __init__(self, per_call: float) -> None:
+        self.now, self.per_call = 0.0, per_call
+
+    def __call__(self) -> float:
+        self.now += self.per_call
+        return self.now
+
+
+def test_fit_plan_shortens_only_to_what_ends_by_the_deadline():
+    plan = FitPlan(planned=100, total=100)
+    clock = 0.0
+    while plan.taken < plan.total:  # 1 s per step, 50 s: about 47 steps fit (5% spare)
+        plan.taken += 1
+        clock += 1.0
+        plan.fit_to(50.0, clock)
+    assert 40 <= plan.taken <= 50 and plan.total == plan.taken < plan.planned
+    roomy = FitPlan(planned=10, total=10)
+    for step in range(1, 11):
+        roomy.taken = step
+        roomy.fit_to(1000.0, float(step))
+    assert roomy.total == 10  # never lengthened, never cut when it fits
+    late = FitPlan(planned=10, total=10, taken=1)
+    late.fit_to(5.0, 6.0)  # past the deadline: stop now
+    assert late.total == 1
+
+
+@pytest.mark.parametrize("seconds_per_step", [0.0, 1.0])
+def test_fit_heads_ends_by_its_deadline_with_the_learning_rate_decayed(seconds_per_step):
+    model = make_tiny_llama(seed=8)
+    heads = new_heads(model, head_type="medusa", num_heads=2)
+    data = cyclic_trajectories(model, count=12, length=20, period=5, seed=9)
+    plan = FitPlan()
+    rates = []
+    original = torch.optim.AdamW.step
+
+    def step(optimizer, *args, **kwargs):
+        rates.append(optimizer.param_groups[0]["lr"])
+        return original(optimizer, *args, **kwargs)
+
+    torch.optim.AdamW.step = step
+    try:
+        losses = fit_heads(heads, data, epochs=6, lr=1e-2, batch_size=32, seed=0,
+                           deadline=30.0 if seconds_per_step else None,
+                           clock=_StepClock(seconds_per_step or 1e-9), plan=plan)
+    finally:
+        torch.optim.AdamW.step = original
+    steps_per_epoch = math.ceil(len(_examples(data, heads.num_heads).rows) / 32)
+    assert plan.planned == 6 * steps_per_epoch and plan.taken == len(rates)
+    if seconds_per_step:  # one clock read per step: ~28 steps end by 30 s
+        assert plan.taken < plan.planned and plan.taken <= 30
+        assert rates[-1] < 0.1 * max(rates)  # the schedule decayed over the shortened run
+        assert 1 <= len(losses) <= 6
+    else:
+        assert plan.taken == plan.planned and len(losses) == 6

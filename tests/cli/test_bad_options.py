@@ -16,6 +16,8 @@ from one_line_errors import assert_user_error
     (["--heldout-fraction", "nan"], "--heldout-fraction"),
     (["--epochs", "0"], "--epochs"),
     (["--batch-size", "0"], "--batch-size"),
+    (["--max-seconds", "0"], "--max-seconds"),
+    (["--max-seconds", "nan"], "--max-seconds"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
 def test_heads_train_bad_numbers_are_refused_before_loading(tmp_path, extra, option):
     # --model names nothing: had the model been loaded first, the error would be about it.

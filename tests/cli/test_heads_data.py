@@ -94,6 +94,30 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
         assert training["heldout_trajectories"] == 1
 
 
+def test_max_seconds_shortens_the_training_and_still_writes_the_heads(tiny_model_dir,
+                                                                     tmp_path):
+    from entmtp.calibrate._heads import load_heads
+    from entmtp.calibrate._model import load_base_model
+
+    folder = tmp_path / "data"
+    made = invoke(["heads", "data", "--model", tiny_model_dir, "--data",
+                   write_rows(tmp_path / "mix.jsonl.gz"), "--max-new-tokens", 6,
+                   "--max-answer-tokens", 8, "--generation-batch", 2, "--shard-size", 2,
+                   "--out", folder])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "heads"
+    # a deadline that has passed by the first step: one step, then the heads as usual
+    trained = invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                      "--from-data", folder, "--num-heads", 2, "--epochs", 3,
+                      "--batch-size", 4, "--heldout-fraction", 0.2, "--max-seconds", 0.001,
+                      "--out", out])
+    assert trained.exit_code == 0, trained.output
+    training = json.loads((out / "config.json").read_text())["training"]
+    assert training["steps"] == 1 < training["planned_steps"]
+    assert f"trained 1 of {training['planned_steps']} planned steps" in trained.output
+    assert load_heads(out, load_base_model(tiny_model_dir).model).head_type == "hydra"
+
+
 def test_hidden_cache_is_written_once_and_serves_later_runs(tiny_model_dir, tmp_path,
                                                             monkeypatch):
     """The first run writes the teacher-forced hidden states; a later run (same or other head
