@@ -289,10 +289,12 @@ model_free_stages() {
         start=$SECONDS
         limit=$(stage_limit 90)
         (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
+        # --max-seconds ends the timing with fewer rounds rather than none (the file says so)
         timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
             --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
             --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
-            --repeats "$REPEATS" --out "$results/latency/$type.json" \
+            --repeats "$REPEATS" --max-seconds $((limit > 40 ? limit - 25 : limit * 2 / 3)) \
+            --out "$results/latency/$type.json" \
             || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
         echo "latency $type: $((SECONDS - start)) s"
     done

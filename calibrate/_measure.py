@@ -83,13 +83,14 @@ def measure_latency(
     context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
     warmup: int | None = None, seed: int = 0, threads: int | None = None,
     remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
-    draft_vocab_size: int | None = None,
+    draft_vocab_size: int | None = None, deadline: float | None = None,
 ) -> LatencyModel:
     """The latency model of ``model`` + heads on ``device``; ``hardware`` says where and how.
 
     ``threads``: torch's intra-op CPU threads (None: torch's default). ``engine`` / ``graphs``:
     the runtime whose steps are timed (``profile_latency``). ``draft_vocab_size``: random heads
-    draft over that many tokens (``load_for_latency``).
+    draft over that many tokens (``load_for_latency``). ``deadline``: a ``time.monotonic()``
+    value the timing ends by (``profile_latency``).
     """
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
@@ -123,7 +124,7 @@ def measure_latency(
         options = {"node_counts": node_counts, "depths": depths,
                    "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
                    "remeasure": remeasure}
-        measured = profile_latency(base, draft, engine=engine, graphs=graphs,
+        measured = profile_latency(base, draft, engine=engine, graphs=graphs, deadline=deadline,
                                    **{k: v for k, v in options.items() if v is not None})
         hardware = describe_hardware(
             dtype=dtype_name, model_name=name, random_weights=random_weights,

@@ -9,7 +9,9 @@ hardware without profiling again.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -184,6 +186,10 @@ def latency(
                                        "avoids threads waiting on each other."),
     remeasure: int | None = typer.Option(None, "--remeasure", help="Times the points of a "
                                          "failed check are measured again (default 2)."),
+    max_seconds: float | None = typer.Option(None, "--max-seconds", help="End the timing by "
+                                             "this many seconds after the command starts: "
+                                             "fewer rounds (2 at least), no re-measure past "
+                                             "it; the file records it."),
     strict: bool = STRICT_OPTION,
     seed: int = SEED_OPTION,
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
@@ -197,7 +203,10 @@ def latency(
     Example (on a GPU machine, no weight files needed):
     entmtp latency --random-weights --dtype bf16 --device cuda --out h200.json
     """
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     console = Console()
+    if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
+        raise EntmtpError(f"--max-seconds {max_seconds}: give a positive number of seconds")
     check_engine(engine)
     check_outputs(out, plot)
     for path in compare:  # read now: a bad one must not fail after --out is written
@@ -210,8 +219,11 @@ def latency(
             depths=parse_int_list(depths, "--depths", minimum=1),
             context_lengths=parse_int_list(context_lengths, "--context-lengths", minimum=1),
             repeats=repeats, warmup=warmup, seed=seed, threads=threads, remeasure=remeasure,
-            engine=engine, graphs=graphs, draft_vocab_size=draft_vocab_size,
+            engine=engine, graphs=graphs, draft_vocab_size=draft_vocab_size, deadline=deadline,
         )
+    if measured.hardware.get("stopped_by_deadline"):
+        warn(f"--max-seconds: timed {measured.hardware['repeats']} round(s) per point, not "
+             f"{repeats or 'the default'}; re-measure passes past the deadline skipped")
     for warning in check_latency_model(measured, strict=strict, source="latency measurement"):
         warn(warning)
     with all_or_none():  # --out and --plot, or neither

@@ -77,7 +77,8 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -96,6 +97,7 @@ from ._verify import forward_tokens, greedy_accept
 DEFAULT_NODE_COUNTS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
 DEFAULT_REPEATS = 10
+MIN_ROUNDS = 2  # timed rounds a deadline leaves every point (a spread needs two)
 DEFAULT_REMEASURE = 2  # passes that time the points of failed checks again
 TRIM = 0.1  # fraction of a point's timed steps cut at each end before the mean
 # What each engine's steps book in the model's fields (the module doc has the details).
@@ -200,6 +202,8 @@ def profile_latency(
     clock: Any = None,
     engine: str = "auto",
     graphs: bool = True,
+    deadline: float | None = None,
+    wall_clock: Callable[[], float] = time.monotonic,
 ) -> LatencyModel:
     """Time trees of ``node_counts`` nodes (each at ``depths``, default 1 and all heads) and
     ``trees`` at every context length, and fit a ``LatencyModel`` (with ``autoregressive_ms``, a
@@ -211,6 +215,11 @@ def profile_latency(
     decoder's, which waits for queued device work). ``engine`` / ``graphs``: as for
     ``SpeculativeDecoder``; the steps timed are those its greedy ``generate`` runs (the module
     doc says which); ``hardware`` records which.
+
+    ``deadline`` (a ``wall_clock()`` value; None: none): the rounds stop early, after at least
+    ``MIN_ROUNDS`` timed ones, where the next would end past it, and re-measure and padding
+    passes past it are skipped; ``hardware`` then records ``stopped_by_deadline`` and the
+    rounds every point got (``repeats``).
     """
     model = _unwrap_model(model)
     if repeats < 1 or warmup < 0 or remeasure < 0:
@@ -230,10 +239,25 @@ def profile_latency(
     contexts = [int(c) for c in dict.fromkeys(context_lengths)]
     timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock,
                        engine=engine, graphs=graphs)
-    samples = timer.rounds(timer.keys, warmup=warmup, repeats=repeats)
+    stopped = [False]
+
+    def timed_rounds(keys: Sequence[_Key], rounds_warmup: int) -> dict[_Key, list[float]]:
+        times, cut = timer.rounds(keys, warmup=rounds_warmup, repeats=repeats,
+                                  deadline=deadline, wall_clock=wall_clock)
+        stopped[0] = stopped[0] or cut
+        return times
+
+    def out_of_time() -> bool:
+        if deadline is not None and wall_clock() >= deadline:
+            stopped[0] = True
+            return True
+        return False
+
+    samples = timed_rounds(timer.keys, warmup)
 
     def fit(passes: int) -> LatencyModel:
-        return _fit(timer, samples, context_lengths=contexts, repeats=repeats, warmup=warmup,
+        taken = min(len(samples[key]) for key in timer.keys)
+        return _fit(timer, samples, context_lengths=contexts, repeats=taken, warmup=warmup,
                     topk=topk, heads=heads, passes=passes)
 
     def remeasure_failed(latency: LatencyModel, passes: int) -> tuple[LatencyModel, int]:
@@ -241,21 +265,23 @@ def profile_latency(
             findings = latency.findings()
             again = [key for key in timer.keys
                      if any(f.involves(_point(timer, key, samples[key])) for f in findings)]
-            if not again:
+            if not again or out_of_time():
                 break
             passes += 1
-            samples.update(timer.rounds(again, warmup=min(warmup, 1), repeats=repeats))
+            samples.update(timed_rounds(again, min(warmup, 1)))
             latency = fit(passes)
         return latency, passes
 
     latency, passes = remeasure_failed(fit(0), 0)
-    padded_keys = timer.add_padded(latency.padding)
+    # Out of time, the padded widths the curve suggests stay as derived, untimed.
+    padded_keys = [] if out_of_time() else timer.add_padded(latency.padding)
     if padded_keys:
         # In the same rounds as the steps they are priced at: a padded step is checked against
         # that price, and a drift of the machine between two phases would read as a dear step.
-        samples.update(timer.rounds(padded_keys + timer.priced_keys(padded_keys),
-                                    warmup=warmup, repeats=repeats))
+        samples.update(timed_rounds(padded_keys + timer.priced_keys(padded_keys), warmup))
         latency, passes = remeasure_failed(fit(passes), passes)
+    if stopped[0]:
+        latency = replace(latency, hardware={**latency.hardware, "stopped_by_deadline": True})
     return latency
 
 
@@ -292,20 +318,34 @@ class _StepTimer:
                 if self.decoder.fuses_empty:
                     self.keys.append(("fused_empty", depth, length))
 
-    def rounds(self, keys: Sequence[_Key], *, warmup: int, repeats: int
-               ) -> dict[_Key, list[float]]:
+    def rounds(self, keys: Sequence[_Key], *, warmup: int, repeats: int,
+               deadline: float | None = None,
+               wall_clock: Callable[[], float] = time.monotonic,
+               ) -> tuple[dict[_Key, list[float]], bool]:
         """``warmup`` untimed then ``repeats`` timed rounds; each round times one step of every
         key (contexts interleaved), so a slow spell lands on all of them alike, in an order
         drawn afresh for each round, so that what runs before a step (a large tree's step
-        leaves the caches cold) is noise spread over every key, not a bias of some."""
+        leaves the caches cold) is noise spread over every key, not a bias of some. With a
+        ``deadline``, stops after a round (``MIN_ROUNDS`` timed ones at least) when the next
+        would end past it, judged by the longest round so far; returns the times and whether
+        it stopped early."""
         times: dict[_Key, list[float]] = {key: [] for key in keys}
+        longest = 0.0
         for round_index in range(warmup + repeats):
+            started = wall_clock()
             for position in torch.randperm(len(keys), generator=self.order).tolist():
                 key = keys[position]
                 elapsed = self.time(key)
                 if round_index >= warmup:
                     times[key].append(elapsed)
-        return times
+            now = wall_clock()
+            longest = max(longest, now - started)
+            timed = round_index + 1 - warmup
+            last = round_index + 1 == warmup + repeats
+            if (deadline is not None and not last and timed >= min(MIN_ROUNDS, repeats)
+                    and now + longest > deadline):
+                return times, True
+        return times, False
 
     def time(self, key: _Key) -> float:
         return self.steps.time(key)

@@ -151,6 +151,8 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
         (["--node-counts", "-1,2"], "--node-counts"),
         (["--repeats", "0"], "--repeats"),
         (["--threads", "0"], "--threads"),
+        (["--max-seconds", "0"], "--max-seconds"),
+        (["--max-seconds", "inf"], "--max-seconds"),
         (["--head-type", "eagle", "--random-weights"], "--head-type"),
         (["--engine", "fast", "--random-weights"], "--engine"),
         (["--random-weights", "--draft-vocab-size", "8"], "--draft-vocab-size must be in 64..128"),
@@ -163,6 +165,18 @@ def test_latency_bad_options_are_one_line_errors(profiler, tiny_model_dir, tmp_p
                                  str(tiny_model_dir), *options])
     assert needle in _one_line_error(result)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_latency_max_seconds_cuts_rounds_and_says_so(profiler, tiny_model_dir, tmp_path):
+    out = tmp_path / "cut.json"
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 "--random-weights", "--head-type", "medusa", "--num-heads", "2",
+                                 "--repeats", "5", "--max-seconds", "0.001"])
+    assert result.exit_code == 0, result.output
+    measured = LatencyModel.load(out)
+    assert measured.hardware["stopped_by_deadline"] is True
+    assert measured.hardware["repeats"] == 2
+    assert "--max-seconds: timed 2 round(s) per point" in " ".join(result.output.split())
 
 
 def test_latency_on_missing_cuda_is_a_one_line_error(profiler, tiny_model_dir, tmp_path):
