@@ -38,6 +38,17 @@ def load_bench_script(name: str) -> ModuleType:
     return module
 
 
+class SteppingClock:
+    """A clock that advances ``per_call`` seconds at every read: deadlines without waiting."""
+
+    def __init__(self, per_call: float) -> None:
+        self.now, self.per_call = 0.0, per_call
+
+    def __call__(self) -> float:
+        self.now += self.per_call
+        return self.now
+
+
 def make_tiny_llama(seed: int = 0, *, vocab_size: int = 128, hidden_size: int = 32,
                     num_layers: int = 2, max_positions: int = 512):
     """A tiny random LlamaForCausalLM (fp32, eval mode) for fast unit tests."""

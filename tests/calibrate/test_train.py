@@ -31,7 +31,7 @@ from entmtp.calibrate._train import (
 )
 from entmtp.core import EntmtpError
 from entmtp.treesearch import Tree
-from support import make_tiny_llama, make_varied_tiny_llama
+from support import SteppingClock, make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128
 
@@ -458,17 +458,6 @@ def test_warmup_cosine_rises_linearly_then_decays_to_zero():
     assert warmup_cosine(3)(0) == 1.0  # fewer than 20 steps: a warm-up of one step
 
 
-class _StepClock:
-    """A clock that advances ``per_call`` seconds at every read (one read per optimizer step)."""
-
-    def __init__(self, per_call: float) -> None:
-        self.now, self.per_call = 0.0, per_call
-
-    def __call__(self) -> float:
-        self.now += self.per_call
-        return self.now
-
-
 def test_fit_plan_shortens_only_to_what_ends_by_the_deadline():
     plan = FitPlan(planned=100, total=100)
     clock = 0.0
@@ -504,7 +493,7 @@ def test_fit_heads_ends_by_its_deadline_with_the_learning_rate_decayed(seconds_p
     try:
         losses = fit_heads(heads, data, epochs=6, lr=1e-2, batch_size=32, seed=0,
                            deadline=30.0 if seconds_per_step else None,
-                           clock=_StepClock(seconds_per_step or 1e-9), plan=plan)
+                           clock=SteppingClock(seconds_per_step or 1e-9), plan=plan)
     finally:
         torch.optim.AdamW.step = original
     steps_per_epoch = math.ceil(len(_examples(data, heads.num_heads).rows) / 32)

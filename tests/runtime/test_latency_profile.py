@@ -15,6 +15,7 @@ from entmtp.core import EntmtpError
 from entmtp.runtime._latency_profile import budget_tree, profile_latency, trimmed_mean
 from entmtp.treesearch._latency import LatencyModel
 from entmtp.treesearch._tree import Tree
+from support import SteppingClock
 
 
 @pytest.mark.parametrize("topk", [1, 3, 10])
@@ -73,17 +74,6 @@ def test_profile_latency_structure_and_json_round_trip(rt, tmp_path, engine):
     assert LatencyModel.load(path).to_json() == latency.to_json()
 
 
-class _RoundClock:
-    """A wall clock that advances ``per_call`` seconds at every read."""
-
-    def __init__(self, per_call: float) -> None:
-        self.now, self.per_call = 0.0, per_call
-
-    def __call__(self) -> float:
-        self.now += self.per_call
-        return self.now
-
-
 @pytest.mark.parametrize("deadline", [None, 0.5, 100.0])
 def test_a_deadline_cuts_the_rounds_to_two_and_skips_re_measuring(rt, deadline):
     """Every point gets the same rounds: all of them without a deadline or with room; two (the
@@ -92,7 +82,7 @@ def test_a_deadline_cuts_the_rounds_to_two_and_skips_re_measuring(rt, deadline):
     heads = new_heads(model, head_type="medusa", num_heads=2, seed=0)
     latency = profile_latency(
         model, heads, node_counts=(0, 1, 3), depths=(1,), context_lengths=(8,), repeats=6,
-        warmup=1, topk=4, remeasure=2, deadline=deadline, wall_clock=_RoundClock(1.0),
+        warmup=1, topk=4, remeasure=2, deadline=deadline, wall_clock=SteppingClock(1.0),
     )
     rounds = {p.rounds for p in latency.points}
     if deadline == 0.5:
