@@ -221,9 +221,9 @@ lean_off() {
     echo "full: $LEAN_DIR tracked again; a call carries $(checkout_bytes) bytes of checkout"
 }
 
-lean_bytes() {
-    # the checkout without the heads folders
-    echo $(( $(checkout_bytes) - $(git ls-files -z -- "$LEAN_DIR" | xargs -0 du -cb | tail -1 | cut -f1) ))
+lean_dir_bytes() {
+    # what the heads folders add to a call's checkout
+    git ls-files -z -- "$LEAN_DIR" | xargs -0 du -cb | tail -1 | cut -f1
 }
 
 check_calls() {
@@ -231,7 +231,7 @@ check_calls() {
     # `here:` lines before it leave it); prints the calls
     local full lean checkout total line paths calls=0
     full=$(checkout_bytes)
-    lean=$(lean_bytes)
+    lean=$((full - $(lean_dir_bytes)))
     checkout=$full
     while read -r line; do
         if [[ $line == here:* ]]; then
@@ -340,7 +340,7 @@ prepare)
     lean=${LEAN:-1}
     [[ $lean == 1 && -z $(git ls-files -- "$LEAN_DIR") ]] && lean=0  # nothing to leave out
     if [[ $lean == 1 ]]; then
-        part_bytes=$(( 67108864 - $(lean_bytes) - 1048576 ))
+        part_bytes=$(( 67108864 - $(checkout_bytes) + $(lean_dir_bytes) - 1048576 ))
     else
         part_bytes=$(( 67108864 - $(checkout_bytes) - 1048576 ))
     fi

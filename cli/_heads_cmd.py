@@ -24,6 +24,7 @@ from ._model_setup import (
     check_device_and_dtype,
     check_output_folder,
     check_outputs,
+    deadline_after,
     load_base,
 )
 from ._progress import progress_bar
@@ -152,13 +153,11 @@ def train(
 
     Example: entmtp heads train --type hydra --from-data data/smollm2 --out heads/h
     """
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     device, dtype_name = check_device_and_dtype(device, dtype)
     console = Console()
     if head_type not in HEAD_TYPES:
         raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-    if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
-        raise EntmtpError(f"--max-seconds {max_seconds}: give a positive number of seconds")
+    deadline = deadline_after(max_seconds)
     if (num_heads is not None and num_heads < 1) or (num_layers is not None and num_layers < 1):
         raise EntmtpError("--num-heads and --num-layers must be at least 1")
     if init_heads is not None and not init_heads.is_dir():

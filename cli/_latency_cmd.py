@@ -9,9 +9,7 @@ hardware without profiling again.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from ._model_setup import (
     STRICT_OPTION,
     check_engine,
     check_outputs,
+    deadline_after,
 )
 from ._progress import ConsoleReporter, warn
 from .app import app
@@ -203,10 +202,8 @@ def latency(
     Example (on a GPU machine, no weight files needed):
     entmtp latency --random-weights --dtype bf16 --device cuda --out h200.json
     """
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    deadline = deadline_after(max_seconds)
     console = Console()
-    if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
-        raise EntmtpError(f"--max-seconds {max_seconds}: give a positive number of seconds")
     check_engine(engine)
     check_outputs(out, plot)
     for path in compare:  # read now: a bad one must not fail after --out is written

@@ -239,19 +239,20 @@ def profile_latency(
     contexts = [int(c) for c in dict.fromkeys(context_lengths)]
     timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock,
                        engine=engine, graphs=graphs)
-    stopped = [False]
+    stopped = False  # by the deadline: fewer rounds, or a pass skipped
 
     def timed_rounds(keys: Sequence[_Key], rounds_warmup: int) -> dict[_Key, list[float]]:
+        nonlocal stopped
         times, cut = timer.rounds(keys, warmup=rounds_warmup, repeats=repeats,
                                   deadline=deadline, wall_clock=wall_clock)
-        stopped[0] = stopped[0] or cut
+        stopped = stopped or cut
         return times
 
     def out_of_time() -> bool:
-        if deadline is not None and wall_clock() >= deadline:
-            stopped[0] = True
-            return True
-        return False
+        nonlocal stopped
+        late = deadline is not None and wall_clock() >= deadline
+        stopped = stopped or late
+        return late
 
     samples = timed_rounds(timer.keys, warmup)
 
@@ -280,7 +281,7 @@ def profile_latency(
         # that price, and a drift of the machine between two phases would read as a dear step.
         samples.update(timed_rounds(padded_keys + timer.priced_keys(padded_keys), warmup))
         latency, passes = remeasure_failed(fit(passes), passes)
-    if stopped[0]:
+    if stopped:
         latency = replace(latency, hardware={**latency.hardware, "stopped_by_deadline": True})
     return latency
 
