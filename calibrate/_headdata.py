@@ -231,21 +231,28 @@ def write_head_data(
     sources = sorted({item.source for item in items})
     num_shards = math.ceil(len(items) / shard_size)
     index_path = folder / INDEX_NAME
+    dtype = dtype_name(next(_unwrap_base(base).parameters()).dtype)
     if index_path.is_file():
         index = read_head_data_index(folder)
         check_fingerprint(index["model"], base, folder)
+        # Greedy trajectories depend on the weights' precision (bf16 parts from fp32 within a
+        # few dozen tokens), so one folder holds one precision's.
+        if index.get("dtype", dtype) != dtype:
+            raise EntmtpError(
+                f"{folder} holds trajectories generated in {index['dtype']}, not {dtype}: resume "
+                f"it with --dtype {index['dtype']}, or give another --out"
+            )
         if index.get("plan_sha256") != plan:
             raise EntmtpError(
                 f"{folder} holds head data made from other prompts or settings: give another "
                 "--out, or the same options to resume it"
             )
     else:
-        module = _unwrap_base(base)
         index = {
             "format": DATA_FORMAT,
             "format_version": DATA_FORMAT_VERSION,
             "model": fingerprint,
-            "dtype": str(next(module.parameters()).dtype).replace("torch.", ""),
+            "dtype": dtype,
             "plan_sha256": plan,
             **settings,
             "items": len(items),

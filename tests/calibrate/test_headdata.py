@@ -136,6 +136,23 @@ def test_resume_after_a_killed_shard(base, tmp_path, monkeypatch):
         write_head_data(base, folder, given, max_new_tokens=6, shard_size=3)
 
 
+def test_resuming_in_another_dtype_is_refused(base, tmp_path):
+    given = items(6, seed=6)
+    folder = tmp_path / "d"
+    write_head_data(base, folder, given[:3], max_new_tokens=4, shard_size=3)
+    index = json.loads((folder / INDEX_NAME).read_text())
+    assert index["dtype"] == "float32"
+    index["complete"], index["num_shards"] = False, 2  # as a run killed after shard 1
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    before = (folder / INDEX_NAME).read_bytes()
+    in_bf16 = make_varied_tiny_llama(seed=3).to(torch.bfloat16)
+    with pytest.raises(EntmtpError, match="generated in float32, not bfloat16.*--dtype float32"):
+        write_head_data(in_bf16, folder, given[:3], max_new_tokens=4, shard_size=3)
+    assert (folder / INDEX_NAME).read_bytes() == before
+    # the same dtype resumes
+    write_head_data(base, folder, given[:3], max_new_tokens=4, shard_size=3)
+
+
 def test_another_models_data_is_refused(base, tmp_path):
     write_head_data(base, tmp_path / "d", items(4, seed=5), max_new_tokens=3)
     same_shape = make_tiny_llama(seed=11)  # same architecture, other weights
