@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entmtp.calibrate._greedy import greedy_generate, greedy_steps
+from entmtp.calibrate import _greedy
+from entmtp.calibrate._greedy import greedy_generate, greedy_steps, static_greedy_steps
 from entmtp.core import EntmtpError
 from support import make_tiny_llama
 
@@ -107,7 +108,9 @@ def test_generation_keeps_no_autograd_graph():
     step's activations would stay alive for the whole batch (gigabytes on the real model)."""
     model = tiny_model("llama", seed=3)
     seen: list[bool] = []
-    hook = model.get_decoder().register_forward_hook(
+    # the first layer's query projection runs once per forward in both loops (the static-shape
+    # loop calls the layers' modules itself, not the decoder)
+    hook = model.get_decoder().layers[0].self_attn.q_proj.register_forward_hook(
         lambda module, args, output: seen.append(torch.is_grad_enabled()))
     try:
         assert torch.is_grad_enabled()
@@ -120,3 +123,33 @@ def test_generation_keeps_no_autograd_graph():
         hook.remove()
     assert len(seen) == 4 + 2 and not any(seen)
     assert not any(run.hidden.requires_grad for run in runs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_family_models_generate_on_the_static_forward(family, monkeypatch):
+    """greedy_generate runs the static-shape loop wherever the static forward runs the model,
+    transformers' cached forward elsewhere; both give greedy_steps' positions."""
+    model = tiny_model(family, seed=4)
+    used = []
+    for name in ("greedy_steps", "static_greedy_steps"):
+        real = getattr(_greedy, name)
+        monkeypatch.setattr(_greedy, name, lambda *a, _r=real, _n=name: used.append(_n) or _r(*a))
+    runs = greedy_generate(model, PROMPTS, max_new_tokens=9, keep_hidden=True)
+    assert used == ["greedy_steps" if family == "gpt2" else "static_greedy_steps"]
+    if family == "gpt2":
+        return
+    steps = greedy_steps(model, PROMPTS)
+    for position in range(9):
+        step = next(steps)
+        for row, run in enumerate(runs):
+            assert run.tokens[position] == int(step.tokens[row])
+            torch.testing.assert_close(run.hidden[position], step.hidden[row].float(),
+                                       atol=1e-5, rtol=1e-5)
+    steps.close()
+
+
+def test_static_steps_stop_after_the_positions_they_were_sized_for():
+    model = tiny_model("llama", seed=5)
+    assert len(list(static_greedy_steps(model, PROMPTS, 4))) == 4
+    with pytest.raises(EntmtpError, match="empty prompt"):
+        next(static_greedy_steps(model, [[1, 2], []], 3))

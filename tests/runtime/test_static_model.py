@@ -86,6 +86,48 @@ def test_prefill_and_tree_step_equal_transformers(rt, kv_heads, rope, full):
                                        rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_a_batch_equals_each_sequence_alone(rt, kv_heads):
+    """The batch forward (batched greedy generation): rows with their own positions and masks,
+    a prompt forward then a tree step at once, equal each row run alone on a sequence cache;
+    its folded grouped-query attention equals the repeated keys' and values'."""
+    model = _llama(kv_heads, "smollm2_theta", seed=1)
+    static = StaticLlama(model)
+    rng = np.random.default_rng(10 + kv_heads)
+    rows, p = 3, 20
+    prompts = torch.tensor(rng.integers(0, 96, size=(rows, p)))
+    starts = torch.tensor([0, 3, 7])  # each row's positions start here (as a left-padded row's)
+    tree = rt.random_tree(rng, 6, depth=3, topk=3)
+    plan = tree_plan(tree, 3)
+    tokens = torch.tensor(rng.integers(0, 96, size=(rows, plan.size)))
+    causal = torch.ones(p, p, dtype=torch.bool).tril()
+    step_mask = torch.ones(plan.size, p + plan.size, dtype=torch.bool)
+    step_mask[:, p:] = plan.tree_mask
+    # each row attends to a different part of its past (a padded row's slots are masked out)
+    hidden_from = torch.tensor([0, 2, 5])
+    with torch.inference_mode():
+        batch_cache = static.new_cache(p + plan.size, batch=rows)
+        assert batch_cache.shape == (2, 2, rows, kv_heads, p + plan.size, static.head_dim)
+        prompt_mask = causal & (torch.arange(p) >= hidden_from[:, None])[:, None, :]
+        prompt_mask |= torch.eye(p, dtype=torch.bool)
+        positions = starts[:, None] + torch.arange(p)
+        batch_prompt = static.backbone(batch_cache, prompts, positions, torch.arange(p),
+                                       prompt_mask, p)
+        tree_mask = step_mask & (torch.arange(p + plan.size) >= hidden_from[:, None])[:, None]
+        batch_tree = static.backbone(batch_cache, tokens, plan.depths + positions[:, -1:] + 1,
+                                     torch.arange(plan.size) + p, tree_mask, p + plan.size)
+        assert batch_tree.shape == (rows, plan.size, static.hidden_size)
+        for row in range(rows):
+            cache = static.new_cache(p + plan.size)
+            alone = static.backbone(cache, prompts[row], positions[row], torch.arange(p),
+                                    prompt_mask[row], p)
+            torch.testing.assert_close(batch_prompt[row], alone, rtol=1e-5, atol=1e-5)
+            alone = static.backbone(cache, tokens[row], plan.depths + positions[row, -1] + 1,
+                                    torch.arange(plan.size) + p, tree_mask[row], p + plan.size)
+            torch.testing.assert_close(batch_tree[row], alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(batch_cache[:, :, row], cache, rtol=1e-5, atol=1e-5)
+
+
 def test_weights_are_shared_by_reference(rt):
     model = rt.sharp_llama(1)
     static = StaticLlama(model)
