@@ -50,7 +50,8 @@ def model_setup(data: Path, count: int, dtype: torch.dtype):
 
     base = load_base(None, dtype=dtype)
     rows = [row for row in read_jsonl_items(data) if row[1] is None][:count]
-    prompts = [encode_item(base, prompt, None, source).prompt_ids for prompt, _, source in rows]
+    prompts = [encode_item(base, prompt, None, source, max_answer_tokens=1).prompt_ids
+               for prompt, _, source in rows]
     return base.model, prompts, base.eos_token_ids, base.name
 
 
