@@ -725,8 +725,10 @@ def detect_heads_format(path: str | os.PathLike) -> str:
     return _detect(Path(path), _read_config(Path(path)))
 
 
-def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
-    """Load heads from an entmtp, Medusa or Hydra folder onto ``base`` (its dtype and device)."""
+def load_heads(path: str | os.PathLike, base: Any, *, dtype: torch.dtype | None = None
+               ) -> DraftHeads:
+    """Load heads from an entmtp, Medusa or Hydra folder onto ``base`` (its device; the heads'
+    own weights in ``dtype``, by default the base's; a shared lm_head stays the base's)."""
     folder = Path(path)
     config = _read_config(folder)
     kind = _detect(folder, config)
@@ -740,7 +742,7 @@ def load_heads(path: str | os.PathLike, base: Any) -> DraftHeads:
     # Still the stored values (upcast to float32, exactly): their hash is the heads' identity.
     heads._remember_stored_identity(heads._current_sha256())
     parameter = next(module.parameters())
-    heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+    heads = heads.to(dtype=dtype or parameter.dtype, device=parameter.device).eval()
     use_row_kernels(heads)
     return heads
 

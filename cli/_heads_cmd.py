@@ -271,13 +271,17 @@ def _head_data_record(index: dict[str, Any]) -> dict[str, Any]:
 def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers: int | None,
                    init_heads: Path | None, seed: int) -> tuple[Any, dict[str, Any]]:
     """(the heads training starts from, the record of where they came from)."""
+    import torch
+
     from entmtp.calibrate import load_heads, new_heads
 
     if init_heads is None:
         heads = new_heads(base.model, head_type=head_type, num_heads=num_heads or 4,
                           num_layers=num_layers or 1, seed=seed)
         return heads, {}
-    heads = load_heads(init_heads, base.model)
+    # float32, as training keeps them: loaded in a bf16 base's dtype they would start from
+    # weights rounded to bf16's 8 significant bits
+    heads = load_heads(init_heads, base.model, dtype=torch.float32)
     if heads.head_type != head_type:
         raise EntmtpError(f"--init-heads {init_heads} holds {heads.head_type} heads, not "
                           f"{head_type}: give --type {heads.head_type} or other heads")

@@ -243,6 +243,12 @@ def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
     assert before.keys() == after.keys() == trained.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert any(not torch.equal(before[k], trained[k]) for k in before)
+    # a bf16 base: the heads start from their stored values, not rounded to bf16
+    kept_bf16 = train(tmp_path / "kept-bf16", "--init-heads", start, "--lr", 1e-12,
+                      "--dtype", "bf16")
+    assert kept_bf16.exit_code == 0, kept_bf16.output
+    after_bf16 = load_file(tmp_path / "kept-bf16" / "heads.safetensors")
+    assert all(torch.equal(before[k], after_bf16[k]) for k in before)
     start_sha = json.loads((start / "config.json").read_text())["sha256"]
     record = json.loads((tmp_path / "kept" / "config.json").read_text())["training"]
     assert record["init_heads"] == {"path": str(start), "sha256": start_sha}
