@@ -90,7 +90,7 @@ def batch_greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                        max_new_tokens: int) -> Iterator[GreedyStep]:
     """At least ``max_new_tokens`` greedy positions of ``prompts``: ``static_greedy_steps``
     where the static-shape forward runs ``model``, else ``greedy_steps``."""
-    from entmtp.runtime._static_model import static_support  # the runtime imports calibrate
+    from entmtp.runtime import static_support  # the runtime imports calibrate
 
     if static_support(model) is None:
         return static_greedy_steps(model, prompts, max_new_tokens)
@@ -107,7 +107,7 @@ def static_greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     ``i`` is slot ``width + i`` in every row. A padded slot is never attended to, except by its
     own padded query in the prompt's forward (which would otherwise attend to nothing).
     """
-    from entmtp.runtime._static_model import StaticLlama
+    from entmtp.runtime import StaticLlama
 
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
         raise EntmtpError("an empty prompt (or none) cannot be continued: drop it")

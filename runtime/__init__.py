@@ -20,6 +20,7 @@ _EXPORTS = {
     "trimmed_mean": "._latency_profile",
     # the pieces one decoding step is made of, for benchmarks of them
     "StaticLlama": "._static_model",
+    "static_support": "._static_model",
     "compact_cache": "._kv_cache",
     "new_cache": "._kv_cache",
     "truncate_cache": "._kv_cache",
