@@ -131,7 +131,7 @@ def main() -> None:
         meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
                 "torch": torch.__version__, "model": model_name, "dtype": str(dtype),
                 "batch": args.batch, "max_new_tokens": args.max_new_tokens,
-                "rounds": args.rounds, "data": str(args.data),
+                "rounds": args.rounds, "data": None if args.data is None else args.data.name,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         Path(args.json).write_text(json.dumps({"meta": meta, "result": row}, indent=1) + "\n")
 

@@ -56,18 +56,12 @@ def greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> It
     ``model`` is a transformers causal LM (``get_decoder``, ``get_output_embeddings``). The
     forward for position ``i + 1`` runs when the caller asks for it, on the tokens of ``i``.
     """
-    if not prompts or any(len(prompt) == 0 for prompt in prompts):
-        raise EntmtpError("an empty prompt (or none) cannot be continued: drop it")
     decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
     device = model.get_input_embeddings().weight.device
-    rows, width = len(prompts), max(len(prompt) for prompt in prompts)
-    input_ids = torch.full((rows, width), _PAD_ID, dtype=torch.int64, device=device)
-    mask = torch.zeros((rows, width), dtype=torch.int64, device=device)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
-        mask[row, width - len(prompt):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    input_ids, filled, positions = _left_padded(prompts, device)
+    rows, width = input_ids.shape
+    mask = filled.long()
     # Without padding the mask is all ones and the positions count from 0: pass neither, so a
     # single prompt's step is exactly the runtime's plain forward (runtime._verify.forward_tokens)
     padded = any(len(prompt) < width for prompt in prompts)
@@ -84,6 +78,23 @@ def greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> It
             layout = {"attention_mask": mask, "position_ids": positions}
         out = decoder(input_ids=tokens[:, None], use_cache=True,
                       **{cache_arg: returned_cache(out)}, **layout)
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], device: torch.device
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """``prompts`` as one left-padded batch: token ids [rows, width] (``_PAD_ID`` in the
+    padding), which slots hold a prompt token [rows, width] bool, and each slot's position id
+    [rows, width] (a row counts only its own tokens)."""
+    if not prompts or any(len(prompt) == 0 for prompt in prompts):
+        raise EntmtpError("an empty prompt (or none) cannot be continued: drop it")
+    rows, width = len(prompts), max(len(prompt) for prompt in prompts)
+    input_ids = torch.full((rows, width), _PAD_ID, dtype=torch.int64, device=device)
+    filled = torch.zeros((rows, width), dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
+        filled[row, width - len(prompt):] = True
+    positions = (filled.long().cumsum(-1) - 1).clamp(min=0)
+    return input_ids, filled, positions
 
 
 def batch_greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
@@ -109,26 +120,19 @@ def static_greedy_steps(model: torch.nn.Module, prompts: Sequence[Sequence[int]]
     """
     from entmtp.runtime import StaticLlama
 
-    if not prompts or any(len(prompt) == 0 for prompt in prompts):
-        raise EntmtpError("an empty prompt (or none) cannot be continued: drop it")
     net = StaticLlama(model)
     device = net.device
-    rows, width = len(prompts), max(len(prompt) for prompt in prompts)
-    input_ids = torch.full((rows, width), _PAD_ID, dtype=torch.int64, device=device)
-    filled = torch.ones(rows, width + max_new_tokens, dtype=torch.bool, device=device)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.int64)
-        filled[row, : width - len(prompt)] = False
-    positions = (filled[:, :width].long().cumsum(-1) - 1).clamp(min=0)  # [rows, width]
+    input_ids, filled, positions = _left_padded(prompts, device)
+    rows, width = input_ids.shape
     cache = net.new_cache(width + max_new_tokens, batch=rows)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     own = torch.eye(width, dtype=torch.bool, device=device)
-    mask = causal & filled[:, None, :width] | own  # [rows, width, width]
+    mask = causal & filled[:, None, :] | own  # [rows, width, width]
     slots = torch.arange(width, device=device)
     hidden = net.backbone(cache, input_ids, positions, slots, mask, width)[:, -1]
     # the steps' mask as an additive bias: SDPA's CPU kernel reads it faster than a bool mask
-    bias = torch.zeros(rows, 1, filled.shape[1], dtype=net.dtype, device=device)
-    bias.masked_fill_(~filled[:, None], float("-inf"))  # [rows, 1, slots]
+    bias = torch.zeros(rows, 1, width + max_new_tokens, dtype=net.dtype, device=device)
+    bias[..., :width].masked_fill_(~filled[:, None], float("-inf"))  # [rows, 1, slots]
     last = positions[:, -1:]  # [rows, 1]
     for step in range(max_new_tokens):
         tokens = net.logits(hidden).argmax(dim=-1)  # [rows]
