@@ -66,6 +66,8 @@ _EXPORTS = {
     "read_jsonl_items": "._headdata",
     "record_trajectories": "._headdata",
     "cached_trajectories": "._headdata",
+    "trajectories_from_shard": "._headdata",
+    "check_first_shard": "._headdata",
     "write_head_data": "._headdata",
     # the model and heads a command names, checked before the slow load
     "ENGINES": "._loading",

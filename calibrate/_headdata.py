@@ -415,6 +415,29 @@ def cached_trajectories(
     return trajectories
 
 
+def check_first_shard(index: dict[str, Any], first_shard: int) -> None:
+    """One line unless ``first_shard`` names a finished shard of the data ``index`` describes."""
+    count = len(index["shards"])
+    if not 0 <= first_shard < count:
+        raise EntmtpError(f"--from-shard {first_shard}: the data has {count} finished shards; "
+                          f"give 0 to {count - 1}")
+
+
+def trajectories_from_shard(head_data: HeadData, trajectories: Sequence[Trajectory],
+                            first_shard: int) -> list[Trajectory]:
+    """The part of ``trajectories`` (``record_trajectories`` of all of ``head_data``'s records,
+    in order) that comes from shard ``first_shard`` on: what a run fine-tuning on the shards a
+    data run finished since an earlier training trains on."""
+    check_first_shard(head_data.index, first_shard)
+    shards = head_data.index["shards"]
+    skipped_records = sum(entry["records"] for entry in shards[:first_shard])
+    skipped = sum(record.trained_positions > 0 for record in head_data.records[:skipped_records])
+    usable = sum(record.trained_positions > 0 for record in head_data.records)
+    if usable != len(trajectories):
+        raise ValueError(f"{len(trajectories)} trajectories for {usable} trainable records")
+    return list(trajectories[skipped:])
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs
 

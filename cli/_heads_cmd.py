@@ -101,6 +101,10 @@ def train(
                                          "--task/--data/--mode are then unused."),
     allow_unfinished: bool = typer.Option(False, "--allow-unfinished", help="With --from-data: "
                                           "train on the finished shards of stopped runs."),
+    from_shard: list[int] = typer.Option([], "--from-shard", help="With --from-data: train "
+                                         "on shards N.. only (0-based; one per --from-data, "
+                                         "in the same order): go on from heads trained on the "
+                                         "first N shards with what the data run made since."),
     split: str = typer.Option("calibration", "--split", help="calibration, heldout or all; "
                               "keep heldout unseen for `entmtp validate`."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts per task."),
@@ -183,6 +187,11 @@ def train(
     if hidden_cache and len(hidden_cache) != len(from_data):
         raise EntmtpError(f"{len(hidden_cache)} --hidden-cache files for {len(from_data)} "
                           "--from-data folders: give one file per folder, in the same order")
+    if from_shard and len(from_shard) != len(from_data):
+        raise EntmtpError(f"{len(from_shard)} --from-shard values for {len(from_data)} "
+                          "--from-data folders: give one per folder, in the same order")
+    if any(first < 0 for first in from_shard):
+        raise EntmtpError(f"--from-shard {min(from_shard)}: give a shard number of at least 0")
     for path in hidden_cache:
         if path.is_dir():
             raise EntmtpError(f"--hidden-cache {path} is a folder: name a file")
@@ -208,16 +217,26 @@ def train(
     source: dict[str, Any]
     with StageProgress(console) as progress:
         if from_data:
-            from entmtp.calibrate import cached_trajectories, read_head_data
+            from entmtp.calibrate import (
+                cached_trajectories,
+                check_first_shard,
+                read_head_data,
+                trajectories_from_shard,
+            )
 
             caches: list[Path | None] = list(hidden_cache) or [None] * len(from_data)
+            first_shards = list(from_shard) or [0] * len(from_data)
+            head_datas = [read_head_data(folder, base, allow_unfinished=allow_unfinished)
+                          for folder in from_data]
+            for head_data, first in zip(head_datas, first_shards, strict=True):
+                check_first_shard(head_data.index, first)  # before the forward, not after
             trajectories = []
             folders = []
-            for folder, cache in zip(from_data, caches, strict=True):
-                head_data = read_head_data(folder, base, allow_unfinished=allow_unfinished)
-                trajectories += cached_trajectories(base, head_data, cache,
-                                                    batch_size=forward_batch, progress=progress)
-                folders.append(_head_data_record(head_data.index))
+            for head_data, cache, first in zip(head_datas, caches, first_shards, strict=True):
+                every = cached_trajectories(base, head_data, cache, batch_size=forward_batch,
+                                            progress=progress)
+                trajectories += trajectories_from_shard(head_data, every, first)
+                folders.append(_head_data_record(head_data.index, first))
             report = train_on_trajectories(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
                 batch_size=batch_size, seed=seed, progress=progress,
@@ -259,13 +278,16 @@ def train(
     console.print(f"wrote {path}")
 
 
-def _head_data_record(index: dict[str, Any]) -> dict[str, Any]:
-    """What a heads config records of one head-data folder it trained on."""
+def _head_data_record(index: dict[str, Any], first_shard: int = 0) -> dict[str, Any]:
+    """What a heads config records of one head-data folder it trained on (shards
+    ``first_shard`` on)."""
+    trained = index["shards"][first_shard:]
     return {"plan_sha256": index["plan_sha256"],
             "shards": f"{len(index['shards'])} of {index['num_shards']}",
+            "first_shard": first_shard,
             "sources": index["sources"],
-            "records": sum(s["records"] for s in index["shards"]),
-            "tokens": sum(s["tokens"] for s in index["shards"])}
+            "records": sum(s["records"] for s in trained),
+            "tokens": sum(s["tokens"] for s in trained)}
 
 
 def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers: int | None,

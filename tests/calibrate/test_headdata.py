@@ -13,10 +13,12 @@ from entmtp.calibrate._headdata import (
     INDEX_NAME,
     DataItem,
     HeadData,
+    Record,
     cached_trajectories,
     make_records,
     read_head_data,
     record_trajectories,
+    trajectories_from_shard,
     write_head_data,
 )
 from entmtp.calibrate._heads import new_heads
@@ -244,3 +246,28 @@ def test_hidden_cache_of_the_first_shards_is_extended_by_the_new_shards_only(
                        records=whole.records[3:])
     with pytest.raises(EntmtpError, match="other head data, shards"):
         cached_trajectories(base, skipped, cache)  # its shards are no continuation of the cache's
+
+
+def test_trajectories_from_shard_are_those_of_the_later_shards_records(base, tmp_path):
+    """Against a plain reference: the forward of the records of shards N.. alone. A record
+    with no trained position (it has no trajectory) sits in the skipped shards."""
+    write_head_data(base, tmp_path / "d", items(10, seed=9), max_new_tokens=5, shard_size=3)
+    data = read_head_data(tmp_path / "d", base)
+    empty = Record(data.records[0].tokens[:2].clone(), 1, "math")
+    assert empty.trained_positions == 0
+    shards = [{**entry} for entry in data.index["shards"]]
+    shards[0]["records"] += 1
+    data = HeadData(index={**data.index, "shards": shards}, records=[empty, *data.records])
+    every = record_trajectories(base, data.records)
+    assert len(every) == 10
+    for first in range(len(shards)):
+        skipped = sum(entry["records"] for entry in shards[:first])
+        want = record_trajectories(base, data.records[skipped:])
+        got = trajectories_from_shard(data, every, first)
+        assert len(got) == len(want) == 10 - 3 * first
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.tokens, b.tokens) and a.source == b.source
+            torch.testing.assert_close(a.hidden, b.hidden, atol=1e-5, rtol=1e-5)
+    for first in (-1, len(shards)):
+        with pytest.raises(EntmtpError, match=f"--from-shard {first}: the data has 4 finished"):
+            trajectories_from_shard(data, every, first)

@@ -217,6 +217,41 @@ def test_several_data_folders_train_together_each_with_its_cache(tiny_model_dir,
     assert not (tmp_path / "h").exists()
 
 
+def test_from_shard_trains_on_the_later_shards_and_keeps_the_whole_cache(tiny_model_dir,
+                                                                         tmp_path):
+    """--from-shard N trains on the records of shards N.. (recorded in the config), while
+    --hidden-cache still covers every shard, so a later run from shard 0 reads it as is; a
+    shard past the data, a negative one or a count that does not match --from-data is a
+    one-line error that writes nothing."""
+    rows = write_rows(tmp_path / "mix.jsonl.gz")
+    folder = tmp_path / "data"
+    assert invoke(["heads", "data", "--model", tiny_model_dir, "--data", rows,
+                   "--max-new-tokens", 6, "--generation-batch", 2, "--shard-size", 2,
+                   "--out", folder]).exit_code == 0
+    cache = tmp_path / "hidden.safetensors"
+
+    def train(out, *extra):
+        return invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                       "--from-data", folder, "--num-heads", 2, "--epochs", 1,
+                       "--batch-size", 8, "--heldout-fraction", 0, *extra, "--out", out])
+
+    later = train(tmp_path / "later", "--from-shard", 1, "--hidden-cache", cache)
+    assert later.exit_code == 0, later.output
+    training = json.loads((tmp_path / "later" / "config.json").read_text())["training"]
+    assert training["train_trajectories"] == 3  # shards of 2, 2 and 1 records: the last two
+    assert [(d["first_shard"], d["records"]) for d in training["head_data"]] == [(1, 3)]
+    every = train(tmp_path / "every", "--hidden-cache", cache)
+    assert every.exit_code == 0, every.output
+    training = json.loads((tmp_path / "every" / "config.json").read_text())["training"]
+    assert training["train_trajectories"] == 5
+    assert [(d["first_shard"], d["records"]) for d in training["head_data"]] == [(0, 5)]
+    one_line_error(train(tmp_path / "h", "--from-shard", 3), "the data has 3 finished shards")
+    one_line_error(train(tmp_path / "h", "--from-shard", -1), "at least 0")
+    one_line_error(train(tmp_path / "h", "--from-shard", 1, "--from-shard", 0),
+                   "give one per folder")
+    assert not (tmp_path / "h").exists()
+
+
 def test_init_heads_goes_on_from_given_heads(tiny_model_dir, tmp_path):
     """--init-heads starts from the folder's weights (a vanishing lr leaves them as they were),
     records where it started, and refuses heads of another type or shape in one line."""
