@@ -295,7 +295,7 @@ def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers:
     """(the heads training starts from, the record of where they came from)."""
     import torch
 
-    from entmtp.calibrate import load_heads, new_heads
+    from entmtp.calibrate import load_heads, new_heads, read_heads_config
 
     if init_heads is None:
         heads = new_heads(base.model, head_type=head_type, num_heads=num_heads or 4,
@@ -312,7 +312,12 @@ def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers:
         if asked is not None and asked != held:
             raise EntmtpError(f"{option} {asked} differs from --init-heads {init_heads}, which "
                               f"has {held}: leave {option} out to keep its count")
-    return heads, {"init_heads": {"path": str(init_heads), "sha256": heads.sha256()}}
+    record: dict[str, Any] = {"init_heads": {"path": str(init_heads), "sha256": heads.sha256()}}
+    # the draft vocabulary travels with the weights; so does the record of where it came from
+    init_training = read_heads_config(init_heads).get("training", {})
+    if heads.draft_vocab is not None and "draft_vocab" in init_training:
+        record["draft_vocab"] = init_training["draft_vocab"]
+    return heads, record
 
 
 @heads_app.command("data")

@@ -410,6 +410,15 @@ def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_mode
     assert record["coverage"] == pytest.approx(counts[heads.draft_vocab.numpy()].sum()
                                                / counts.sum())
     assert f"drafting over 70 of 128 tokens ({record['coverage']:.1%}" in result.output
+    # heads trained on from them keep the subset, and the record of where it came from
+    trained_on = invoke(["heads", "train", "--type", "hydra", "--model", tiny_model_dir,
+                         "--from-data", folder, "--init-heads", out, "--epochs", 1,
+                         "--batch-size", 8, "--out", tmp_path / "trained-on"])
+    assert trained_on.exit_code == 0, trained_on.output
+    later = json.loads((tmp_path / "trained-on" / "config.json").read_text())
+    assert later["draft_vocab_size"] == 70 and later["training"]["draft_vocab"] == record
+    assert torch.equal(load_heads(tmp_path / "trained-on", base.model).draft_vocab,
+                       heads.draft_vocab)
     # eval ranks the new heads' targets among their subset: the full logits of the old heads
     # with every other token masked out (a target outside it is never a hit)
     report = tmp_path / "eval.json"
