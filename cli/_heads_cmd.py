@@ -233,9 +233,11 @@ def train(
             trajectories = []
             folders = []
             for head_data, cache, first in zip(head_datas, caches, first_shards, strict=True):
-                every = cached_trajectories(base, head_data, cache, batch_size=forward_batch,
-                                            progress=progress)
-                trajectories += trajectories_from_shard(head_data, every, first)
+                # the states of the skipped shards are not kept alive through training
+                trajectories += trajectories_from_shard(
+                    head_data, cached_trajectories(base, head_data, cache,
+                                                   batch_size=forward_batch, progress=progress),
+                    first)
                 folders.append(_head_data_record(head_data.index, first))
             report = train_on_trajectories(
                 heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
