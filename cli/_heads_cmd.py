@@ -314,7 +314,8 @@ def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers:
         if asked is not None and asked != held:
             raise EntmtpError(f"{option} {asked} differs from --init-heads {init_heads}, which "
                               f"has {held}: leave {option} out to keep its count")
-    record: dict[str, Any] = {"init_heads": {"path": str(init_heads), "sha256": heads.sha256()}}
+    # by digest, not by this machine's path (a shipped config names no local folder)
+    record: dict[str, Any] = {"init_heads": {"sha256": heads.sha256()}}
     # the draft vocabulary travels with the weights; so does the record of where it came from
     init_training = read_heads_config(init_heads).get("training", {})
     if heads.draft_vocab is not None and "draft_vocab" in init_training:
