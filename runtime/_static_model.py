@@ -96,6 +96,10 @@ class StaticLlama:
         self.hidden_size = int(config.hidden_size)
         weight = self.lm_head.weight
         self.dtype, self.device = weight.dtype, weight.device
+        # SDPA's grouped heads under a mask compute what repeating the keys and values per query
+        # head does, to the bit, and faster on the CPU; on CUDA a mask sends them to the math
+        # kernel, so the repeat stays there.
+        self.grouped_masked_sdpa = _SDPA_GQA and self.device.type == "cpu"
 
     def new_cache(self, capacity: int, batch: int | None = None) -> torch.Tensor:
         """An empty cache [layers, 2, kv_heads, capacity, head_dim] in the model's dtype, or
@@ -170,9 +174,9 @@ class StaticLlama:
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1 and mask is None and _SDPA_GQA:
-            return F.scaled_dot_product_attention(queries, keys, values, scale=self.scaling,
-                                                  enable_gqa=True)
+        if groups > 1 and _SDPA_GQA and (mask is None or self.grouped_masked_sdpa):
+            return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
+                                                  scale=self.scaling, enable_gqa=True)
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)

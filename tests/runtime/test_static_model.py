@@ -86,6 +86,37 @@ def test_prefill_and_tree_step_equal_transformers(rt, kv_heads, rope, full):
                                        rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("full", [False, True])
+def test_grouped_heads_under_a_mask_equal_repeated_keys_to_the_bit(rt, kv_heads, dtype, full):
+    """On the CPU SDPA takes the grouped key/value heads under a tree mask itself; that equals
+    repeating them per query head exactly (prompt and tree steps, hidden states and cache)."""
+    model = _llama(kv_heads, "smollm2_theta", seed=2).to(dtype)
+    static = StaticLlama(model)
+    assert static.grouped_masked_sdpa
+    rng = np.random.default_rng(20 + kv_heads)
+    prompt = torch.tensor(rng.integers(0, 96, size=40))
+    plan = tree_plan(rt.random_tree(rng, 10, depth=4, topk=3), 3)
+    tokens = torch.tensor(rng.integers(0, 96, size=plan.size))
+    p = len(prompt)
+    results = {}
+    with torch.inference_mode():
+        for grouped in (True, False):
+            static.grouped_masked_sdpa = grouped
+            cache = static.new_cache(p + plan.size + 3)
+            mask, kv_len = _window(static, cache, 0, p, torch.ones(p, p, dtype=torch.bool).tril(),
+                                   full)
+            prompt_hidden = static.backbone(cache, prompt, torch.arange(p), torch.arange(p),
+                                            mask, kv_len)
+            mask, kv_len = _window(static, cache, p, plan.size, plan.tree_mask, full)
+            tree_hidden = static.backbone(cache, tokens, plan.depths + p,
+                                          torch.arange(plan.size) + p, mask, kv_len)
+            results[grouped] = (prompt_hidden, tree_hidden, cache)
+    for grouped, repeated in zip(results[True], results[False], strict=True):
+        assert torch.equal(grouped, repeated)
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_a_batch_equals_each_sequence_alone(rt, kv_heads):
     """The batch forward (batched greedy generation): rows with their own positions and masks,
