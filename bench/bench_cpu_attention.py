@@ -52,19 +52,19 @@ def tiny_setup(head_type: str, dtype: torch.dtype) -> tuple[torch.nn.Module, obj
 def time_context(engine, steps: dict[str, object], context: int, rounds: int, vocab: int,
                  order: torch.Generator) -> tuple[dict, dict]:
     """(label -> setting -> ms per round, label -> same cache entries in every round) of each
-    step at a past of ``context`` random tokens; two untimed warm-up rounds first."""
+    step at a past of ``context`` random tokens; two untimed warm-up rounds first. ``timed_run``
+    restores the engine's state after each run; the slots a step writes are put back here, so
+    every run starts from the same cache."""
     times = {label: {s: [] for s in SETTINGS} for label in steps}
     same = dict.fromkeys(steps, True)
     runs = [(label, setting) for label in steps for setting in SETTINGS]
     engine.prefill(torch.randint(0, vocab, (context,)))
-    state = engine.save_state()
     for round_index in range(2 + rounds):
         written: dict[tuple[str, str], torch.Tensor] = {}
         for position in torch.randperm(len(runs), generator=order).tolist():
             label, setting = runs[position]
             step = steps[label]
             engine.net.grouped_masked_sdpa = SETTINGS[setting]
-            engine.restore_state(state)
             slots = slice(context, context + step.cache_width)
             kept = engine.cache[:, :, :, slots].clone()
             elapsed = engine.timed_run(step, context)
