@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from entmtp.calibrate import _greedy, resolve_dtype
-from entmtp.core import DTYPE_ALIASES, cpu_name, describe_machine
+from entmtp.core import DTYPE_ALIASES, cpu_name
+from entmtp.runtime import run_record
 
 LOOPS = ("transformers", "static")
 
@@ -128,11 +129,9 @@ def main() -> None:
           f"({row['ratio_min']:.3f}..{row['ratio_max']:.3f}); rows decoded identically: "
           f"{identical} of {len(prompts)}")
     if args.json:
-        meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
-                "torch": torch.__version__, "model": model_name, "dtype": str(dtype),
-                "batch": args.batch, "max_new_tokens": args.max_new_tokens,
-                "rounds": args.rounds, "data": None if args.data is None else args.data.name,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        meta = run_record(model, model=model_name, batch=args.batch,
+                          max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                          data=None if args.data is None else args.data.name)
         Path(args.json).write_text(json.dumps({"meta": meta, "result": row}, indent=1) + "\n")
 
 

@@ -1,20 +1,23 @@
-"""Grouped-query attention under a tree mask on the CPU: SDPA's own grouped heads vs keys and
-values repeated per query head, side by side per step of the static runtime.
+"""Grouped-query attention on the CPU, the three ways of ``StaticLlama.grouped_kv`` (query heads
+folded into rows, SDPA's own grouped heads, keys and values repeated per query head) side by side
+per step of the static runtime.
 
     .venv/bin/python bench/bench_cpu_attention.py [--head-type hydra] [--nodes 0 1 4 8 16 64]
         [--contexts 128 256 384] [--rounds 12] [--threads 2] [--dtype fp32|bf16]
-        [--draft-vocab-size 8192] [--json out.json]
+        [--draft-vocab-size 8192] [--batch 0] [--json out.json]
     .venv/bin/python bench/bench_cpu_attention.py --tiny --rounds 2   # checks the script only
 
-Each budget tree's step (the plain empty step is autoregressive decoding: no mask, the same
-kernel either way, a control) is timed the latency profiler's way, launch to readback from a
-restored state at a fixed context, once with ``StaticLlama.grouped_masked_sdpa`` on and once
-off, the two in a fresh random order each round. Prints per tree and context the median ms of
-each, the median per-round grouped / repeated ratio with its interquartile range, and whether
-the two wrote the same cache entries (they must: the same bits). Random weights of the default
-model's architecture and random heads drafting over ``--draft-vocab-size`` tokens, loaded as
-``entmtp latency`` loads them (a step's time does not depend on the values). Run it on a quiet
-machine; it names the CPU.
+Each budget tree's step (the empty one is autoregressive decoding's plain step, without a mask)
+is timed the latency profiler's way, launch to readback from a restored state at a fixed
+context, once per way, all of them in a fresh random order each round. ``--batch B`` times
+instead the batch forward of batched greedy generation (``B`` rows: one token each, a step of
+``generate_batch``) over a past of each context. Prints per step and context the median ms of
+each way, the median per-round ratio of the runtime's way (``StaticLlama``'s default) to each
+other way with its interquartile range, and whether the ways wrote the same cache entries as the
+repeat (transformers' way; ``sdpa`` must, to the bit; ``fold`` may differ in the last bit where
+a kernel splits rows differently). Random weights of the default model's architecture and random
+heads drafting over ``--draft-vocab-size`` tokens, loaded as ``entmtp latency`` loads them (a
+step's time does not depend on the values). Run it on a quiet machine; it names the CPU.
 """
 
 from __future__ import annotations
@@ -23,16 +26,17 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from entmtp.calibrate import load_for_latency, new_heads, resolve_dtype
-from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name, describe_machine
-from entmtp.runtime import SpeculativeDecoder, budget_tree
+from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name
+from entmtp.runtime import GROUPED_KV_WAYS, SpeculativeDecoder, budget_tree, run_record
 
 CONFIG = Path(__file__).resolve().parent.parent / "trees" / "latency" / "SmolLM2-135M-Instruct.Q4_1"
-SETTINGS = {"grouped": True, "repeated": False}
+REFERENCE_WAY = "repeat"  # transformers' way: the bits the others are compared with
 
 
 def tiny_setup(head_type: str, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
@@ -49,43 +53,87 @@ def tiny_setup(head_type: str, dtype: torch.dtype) -> tuple[torch.nn.Module, obj
     return model, heads
 
 
-def time_context(engine, steps: dict[str, object], context: int, rounds: int, vocab: int,
-                 order: torch.Generator) -> tuple[dict, dict]:
-    """(label -> setting -> ms per round, label -> same cache entries in every round) of each
-    step at a past of ``context`` random tokens; two untimed warm-up rounds first. ``timed_run``
-    restores the engine's state after each run; the slots a step writes are put back here, so
-    every run starts from the same cache."""
-    times = {label: {s: [] for s in SETTINGS} for label in steps}
-    same = dict.fromkeys(steps, True)
-    runs = [(label, setting) for label in steps for setting in SETTINGS]
+# A timed run: (ms, the cache entries it wrote).
+Run = Callable[[], tuple[float, torch.Tensor]]
+
+
+def tree_runs(engine, steps: dict[str, object], context: int, vocab: int) -> dict[str, Run]:
+    """Each tree step at a past of ``context`` random tokens. ``timed_run`` restores the engine's
+    state after each run; the slots a step writes are put back here, so every run starts from
+    the same cache."""
     engine.prefill(torch.randint(0, vocab, (context,)))
-    for round_index in range(2 + rounds):
-        written: dict[tuple[str, str], torch.Tensor] = {}
-        for position in torch.randperm(len(runs), generator=order).tolist():
-            label, setting = runs[position]
-            step = steps[label]
-            engine.net.grouped_masked_sdpa = SETTINGS[setting]
+
+    def run_of(step) -> Run:
+        def run() -> tuple[float, torch.Tensor]:
             slots = slice(context, context + step.cache_width)
             kept = engine.cache[:, :, :, slots].clone()
             elapsed = engine.timed_run(step, context)
-            written[label, setting] = engine.cache[:, :, :, slots].clone()
+            written = engine.cache[:, :, :, slots].clone()
             engine.cache[:, :, :, slots] = kept
+            return elapsed, written
+        return run
+
+    return {label: run_of(step) for label, step in steps.items()}
+
+
+def batch_runs(net, cache: torch.Tensor, context: int, vocab: int) -> dict[str, Run]:
+    """One step of batched greedy generation's backbone (``calibrate/_greedy.py``: one token per
+    row at slot ``context``, an additive mask) over a cache whose first ``context`` slots hold
+    random keys and values; every run rewrites the same slot."""
+    rows = cache.shape[2]
+    generator = torch.Generator().manual_seed(context)
+    cache[:, :, :, :, :context] = torch.randn(cache[:, :, :, :, :context].shape,
+                                              generator=generator).to(cache.dtype)
+    tokens = torch.randint(0, vocab, (rows, 1), generator=generator)
+    positions = torch.full((rows, 1), context)
+    slots = torch.tensor([context])
+    bias = torch.zeros(rows, 1, context + 1, dtype=cache.dtype)
+
+    def run() -> tuple[float, torch.Tensor]:
+        start = time.perf_counter()
+        net.backbone(cache, tokens, positions, slots, bias, context + 1)
+        elapsed = (time.perf_counter() - start) * 1e3
+        return elapsed, cache[..., context, :].clone()
+
+    return {f"batch {rows}": run}
+
+
+def time_ways(net, runs: dict[str, Run], rounds: int, order: torch.Generator
+              ) -> tuple[dict, dict]:
+    """(label -> way -> ms per round, label -> way -> same cache entries as the reference way in
+    every round); two untimed warm-up rounds first."""
+    times = {label: {way: [] for way in GROUPED_KV_WAYS} for label in runs}
+    same = {label: dict.fromkeys(GROUPED_KV_WAYS, True) for label in runs}
+    pairs = [(label, way) for label in runs for way in GROUPED_KV_WAYS]
+    default = net.grouped_kv
+    for round_index in range(2 + rounds):
+        written: dict[tuple[str, str], torch.Tensor] = {}
+        for position in torch.randperm(len(pairs), generator=order).tolist():
+            label, way = pairs[position]
+            net.grouped_kv = way
+            elapsed, written[label, way] = runs[label]()
             if round_index >= 2:
-                times[label][setting].append(elapsed)
-        for label in steps:
-            same[label] &= torch.equal(written[label, "grouped"], written[label, "repeated"])
-    engine.net.grouped_masked_sdpa = SETTINGS["grouped"]
+                times[label][way].append(elapsed)
+        for label, way in pairs:
+            same[label][way] &= torch.equal(written[label, way],
+                                            written[label, REFERENCE_WAY])
+    net.grouped_kv = default
     return times, same
 
 
-def summary_row(label: str, context: int, times: dict[str, list[float]], same: bool) -> dict:
-    ratios = [g / r for g, r in zip(times["grouped"], times["repeated"], strict=True)]
-    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-    return {"step": label, "context": context,
-            "grouped_ms": statistics.median(times["grouped"]),
-            "repeated_ms": statistics.median(times["repeated"]),
-            "ratio_median": statistics.median(ratios), "ratio_q1": low, "ratio_q3": high,
-            "same_bits": same}
+def summary_row(label: str, context: int, times: dict[str, list[float]],
+                same: dict[str, bool], default: str) -> dict:
+    row = {"step": label, "context": context, "default": default,
+           "ms": {way: statistics.median(times[way]) for way in GROUPED_KV_WAYS},
+           "same_bits_as_repeat": same, "ratios": {}}
+    for way in GROUPED_KV_WAYS:
+        if way == default:
+            continue
+        ratios = [d / o for d, o in zip(times[default], times[way], strict=True)]
+        low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        row["ratios"][f"{default}/{way}"] = {"median": statistics.median(ratios), "q1": low,
+                                            "q3": high}
+    return row
 
 
 def main() -> None:
@@ -97,6 +145,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_ALIASES))
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=0,
+                        help="time a batched greedy step of this many rows instead of trees")
     parser.add_argument("--tiny", action="store_true",
                         help="tiny random model: check that the script runs")
     parser.add_argument("--json", type=Path, default=None)
@@ -111,32 +161,46 @@ def main() -> None:
             random_weights=True, dtype=args.dtype, device="cpu", seed=0,
             draft_vocab_size=args.draft_vocab_size)
     engine = SpeculativeDecoder(model, heads, topk=10).static_engine
-    steps = {f"{n} nodes": engine.tree_step(budget_tree(n, 4, topk=10, num_heads=4))
-             for n in args.nodes}
+    net = engine.net
+    default = net.grouped_kv
+    others = [way for way in GROUPED_KV_WAYS if way != default]
+    vocab = model.config.vocab_size
     order = torch.Generator().manual_seed(0)
+    what = (f"batched greedy steps of {args.batch} rows" if args.batch else
+            f"{args.head_type} heads over {heads.draft_vocab_size} tokens")
     print(f"{cpu_name()}, torch {torch.__version__}, {args.threads} threads, {dtype}; "
           f"{'tiny random Llama' if args.tiny else 'default model, random weights'}, "
-          f"{args.head_type} heads over {heads.draft_vocab_size} tokens; {args.rounds} rounds")
-    print(f"{'step':10s} {'context':>7s} {'grouped ms':>10s} {'repeated ms':>11s} "
-          f"{'grouped/repeated [IQR]':>24s} same bits")
+          f"{what}; {args.rounds} rounds; the runtime's way: {default}")
+    print(f"{'step':10s} {'context':>7s} "
+          + " ".join(f"{way + ' ms':>10s}" for way in GROUPED_KV_WAYS) + " "
+          + " ".join(f"{default + '/' + way + ' [IQR]':>24s}" for way in others)
+          + "  same bits as repeat")
     rows = []
     with torch.inference_mode():
-        engine.reserve(max(args.contexts) + max(s.cache_width for s in steps.values()))
+        if args.batch:
+            cache = net.new_cache(max(args.contexts) + 1, batch=args.batch)
+        else:
+            steps = {f"{n} nodes": engine.tree_step(budget_tree(n, 4, topk=10, num_heads=4))
+                     for n in args.nodes}
+            engine.reserve(max(args.contexts) + max(s.cache_width for s in steps.values()))
         for context in args.contexts:
-            times, same = time_context(engine, steps, context, args.rounds,
-                                       model.config.vocab_size, order)
-            for label in steps:
-                row = summary_row(label, context, times[label], same[label])
+            runs = (batch_runs(net, cache, context, vocab) if args.batch
+                    else tree_runs(engine, steps, context, vocab))
+            times, same = time_ways(net, runs, args.rounds, order)
+            for label in runs:
+                row = summary_row(label, context, times[label], same[label], default)
                 rows.append(row)
-                print(f"{label:10s} {context:7d} {row['grouped_ms']:10.2f} "
-                      f"{row['repeated_ms']:11.2f} {row['ratio_median']:9.3f}x "
-                      f"[{row['ratio_q1']:.3f}-{row['ratio_q3']:.3f}] {row['same_bits']}")
+                cells = " ".join(f"{row['ms'][way]:10.2f}" for way in GROUPED_KV_WAYS)
+                ratios = " ".join(
+                    f"{r['median']:9.3f}x [{r['q1']:.3f}-{r['q3']:.3f}]"
+                    for r in (row["ratios"][f"{default}/{way}"] for way in others))
+                bits = ", ".join(f"{way} {same[label][way]}" for way in GROUPED_KV_WAYS
+                                 if way != REFERENCE_WAY)
+                print(f"{label:10s} {context:7d} {cells} {ratios}  {bits}")
     if args.json:
-        meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
-                "torch": torch.__version__, "dtype": str(dtype), "head_type": args.head_type,
-                "draft_vocab_size": heads.draft_vocab_size,
-                "tiny": args.tiny, "rounds": args.rounds,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        meta = run_record(model, head_type=args.head_type,
+                          draft_vocab_size=heads.draft_vocab_size, batch=args.batch,
+                          tiny=args.tiny, rounds=args.rounds)
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
 
 

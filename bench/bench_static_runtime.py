@@ -20,15 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from importlib import resources
 from pathlib import Path
 
 import torch
 
 from entmtp.calibrate import load_heads, new_heads, resolve_dtype
-from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name, describe_machine
-from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate, budget_tree
+from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name
+from entmtp.runtime import (
+    SpeculativeDecoder,
+    StaticScheduler,
+    autoregressive_generate,
+    budget_tree,
+    run_record,
+)
 from entmtp.treesearch import reference_tree
 
 PROMPTS = [
@@ -159,10 +164,8 @@ def main() -> None:
               f"{row['ratio_median']:12.3f}x {row['ratio_min']:6.3f}..{row['ratio_max']:<6.3f} "
               f"{row['identical']}")
     if args.json:
-        meta = {**describe_machine("cpu", torch_threads=torch.get_num_threads()),
-                "torch": torch.__version__, "model": model_name, "dtype": str(dtype),
-                "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        meta = run_record(model, model=model_name, prompts=len(prompts),
+                          max_new_tokens=args.max_new_tokens, rounds=args.rounds)
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
 
 

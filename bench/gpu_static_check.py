@@ -19,11 +19,13 @@ per-step ms and their ratio. Departures are judged against plain greedy decoding
 dtype (runtime/_departures.py: a near-tie of the top two logits, or not). The issue's floors: the
 graph runtime's autoregressive step over the bare captured forward of one token (at most 1.25x),
 and a 64-node tree's whole step over the bare captured forward of its 65 tokens (drafting and
-bookkeeping at most 15% of it), both over the same static cache. Writes ``static_check.json``
-under ``--out`` (default ``$OUT`` or the working directory) after every arm, so a run stopped
-early keeps the arms it finished; ``--budget-s`` skips the arms that would not finish in time
-(the targets' arms come first). Any figure comes from the machine
-it ran on; none is written here.
+bookkeeping at most 15% of it), both over the same static cache. Last, the bare forward of 1, 17,
+65 and 129 tokens with each way of reading grouped key/value heads (``StaticLlama.grouped_kv``),
+captured, in interleaved rounds: the runtime's way against the others on this device. Writes
+``static_check.json`` under ``--out`` (default ``$OUT`` or the working directory) after every
+arm, so a run stopped early keeps the arms it finished; ``--budget-s`` skips the arms that would
+not finish in time (the targets' arms come first). Any figure comes from the machine it ran on;
+none is written here.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from entmtp.calibrate import new_heads, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, device_name
 from entmtp.runtime import (
+    GROUPED_KV_WAYS,
     BundleScheduler,
     SpeculativeDecoder,
     StaticLlama,
@@ -48,6 +51,7 @@ from entmtp.runtime import (
     autoregressive_generate,
     budget_tree,
     check_departure,
+    run_record,
 )
 from entmtp.treesearch import DRAFT_ENTROPY, EntropyEstimator, Schedule, Tree, reference_tree
 
@@ -148,8 +152,10 @@ class BareForward:
     runtime's steps), logits included, captured as one CUDA graph on CUDA. No drafting,
     acceptance, compaction or readback."""
 
-    def __init__(self, model, q: int, capacity: int, graphs: bool) -> None:
+    def __init__(self, model, q: int, capacity: int, graphs: bool,
+                 grouped_kv: str | None = None) -> None:
         net = StaticLlama(model)
+        net.grouped_kv = grouped_kv or net.grouped_kv
         device = net.device
         past = max(capacity // 2 - q, 0)
         self.cache = net.new_cache(capacity)
@@ -190,6 +196,32 @@ class BareForward:
             sync()
             times.append((time.perf_counter() - start) * 1000.0)
         return statistics.median(times)
+
+
+def grouped_kv_ways(model, capacity: int, graphs: bool, rounds: int,
+                    queries=(1, 17, 65, 129)) -> list[dict]:
+    """The bare forward of ``q`` tokens with each way of reading grouped key/value heads
+    (``GROUPED_KV_WAYS``), in interleaved rounds (a fresh order each round): median ms of each
+    and the ratio of the runtime's way to each other way, per ``q``."""
+    default = StaticLlama(model).grouped_kv
+    order = torch.Generator().manual_seed(0)
+    rows = []
+    for q in queries:
+        forwards = {way: BareForward(model, q, capacity, graphs, grouped_kv=way)
+                    for way in GROUPED_KV_WAYS}
+        times: dict[str, list[float]] = {way: [] for way in GROUPED_KV_WAYS}
+        for _ in range(rounds):
+            for index in torch.randperm(len(GROUPED_KV_WAYS), generator=order).tolist():
+                way = GROUPED_KV_WAYS[index]
+                times[way].append(forwards[way].ms(10))
+        ms = {way: statistics.median(times[way]) for way in GROUPED_KV_WAYS}
+        rows.append({"q": q, "capacity": capacity, "default": default, "ms": ms,
+                     "ratios": {f"{default}/{way}": ms[default] / ms[way]
+                                for way in GROUPED_KV_WAYS if way != default}})
+        print(f"grouped key/value heads, bare forward of {q:3d} tokens over {capacity} slots: "
+              + ", ".join(f"{way} {ms[way]:.2f} ms" for way in GROUPED_KV_WAYS))
+        del forwards
+    return rows
 
 
 def plain_outputs(model, prompts, new_tokens) -> list[list[int]]:
@@ -242,10 +274,10 @@ def main() -> None:
     print(f"device {device}, torch {torch.__version__}, dtype {args.dtype}, "
           f"{'tiny' if args.tiny else 'SmolLM2-135M architecture'}, random weights; "
           f"{len(prompts)} prompts x {args.new_tokens} new tokens")
-    report = {"device": device, "torch": torch.__version__, "dtype": args.dtype,
-              "model": "tiny" if args.tiny else "SmolLM2-135M architecture, random weights",
-              "new_tokens": args.new_tokens, "prompts": len(prompts), "rounds": args.rounds,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "arms": []}
+    report = {**run_record(model, model="tiny" if args.tiny
+                           else "SmolLM2-135M architecture, random weights",
+                           new_tokens=args.new_tokens, prompts=len(prompts), rounds=args.rounds),
+              "arms": []}
     plain_greedy = plain_outputs(model, prompts, args.new_tokens)
     out = Path(args.out)
     longest = 0.0
@@ -312,6 +344,13 @@ def main() -> None:
               f"captures {len(captures)} "
               f"({sum(c['capture_ms'] for c in captures):.0f} ms, "
               f"{sum(c['memory_bytes'] for c in captures) / 2**20:.0f} MiB)")
+    ways_capacity = max(len(p) for p in prompts) + args.new_tokens + 160
+    if args.budget_s and time.perf_counter() - started + longest > args.budget_s:
+        print("grouped key/value ways: skipped (the budget would be exceeded)")
+    else:
+        report["grouped_kv_ways"] = grouped_kv_ways(model, ways_capacity,
+                                                    graphs=args.device.startswith("cuda"),
+                                                    rounds=max(3, args.rounds))
     write_report(report, out)
     for arm, verdict in report["targets"].items():
         print(f"target {arm}: graph step / bare captured forward "

@@ -6,7 +6,6 @@ check is marked PASS / MISS against the project's targets.
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import math
 import os
@@ -205,12 +204,9 @@ def heads_for_bundle(bundle: Bundle, base, head_sets):
 
 def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
     """Where and when the rows were measured (the README's results table cites it)."""
-    from entmtp.runtime import hardware_info
+    from entmtp.runtime import run_record
 
-    info = hardware_info(model)
-    info.update(torch_threads=torch_threads,
-                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    return info
+    return run_record(model, torch_threads=torch_threads)
 
 
 # -- predictions ------------------------------------------------------------------------------

@@ -15,11 +15,13 @@ _EXPORTS = {
     "BundleScheduler": "._scheduler",
     "profile_latency": "._latency_profile",
     "hardware_info": "._latency_profile",
+    "run_record": "._latency_profile",
     "budget_tree": "._latency_profile",
     "fixed_context_steps": "._latency_profile",
     "trimmed_mean": "._latency_profile",
     # the pieces one decoding step is made of, for benchmarks of them
     "StaticLlama": "._static_model",
+    "GROUPED_KV_WAYS": "._static_model",
     "static_support": "._static_model",
     "compact_cache": "._kv_cache",
     "new_cache": "._kv_cache",

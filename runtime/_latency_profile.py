@@ -75,6 +75,7 @@ against the price ``step_ms`` gives them.
 
 from __future__ import annotations
 
+import datetime
 import heapq
 import statistics
 import time
@@ -184,6 +185,13 @@ def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
         # "onednn-packed", "few-row" or "torch" (calibrate/_row_gemm.py)
         "linear_kernel": linear_kernel(model.get_output_embeddings()),
     }
+
+
+def run_record(model: torch.nn.Module, /, **settings: Any) -> dict[str, Any]:
+    """A benchmark's ``meta``: ``hardware_info(model)``, then its ``settings`` (which may
+    override a key, e.g. ``torch_threads``), then the UTC ``date`` of the run."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {**hardware_info(model), **settings, "date": now.strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def profile_latency(

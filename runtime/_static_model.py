@@ -16,10 +16,16 @@ unfilled slots (``kv_len=None``: fixed shapes for graphs).
 A batch of sequences (batched greedy generation: ``calibrate``'s head data and profiles) has a
 cache ``[layers, 2, batch, kv_heads, capacity, head_dim]`` and ``[batch, q]`` tokens and
 positions, written at the same slots in every row (left-padded prompts: a row's padding is
-masked out). Its grouped-query attention folds each key/value head's query heads into rows of
-one attention instead of repeating the keys and values per query head: the repeat copies the
-whole cache of a batch three times per layer (SmolLM2: 9 query heads, 3 key/value heads), most
-of a step's time at batch 64 on a CPU.
+masked out).
+
+Grouped-query attention (SmolLM2: 9 query heads over 3 key/value heads) has three ways in
+``GROUPED_KV_WAYS``, one attribute (``grouped_kv``) choosing for every forward, sequence or
+batch: ``fold`` stacks each key/value head's query heads as rows of one attention and folds the
+mask the same way; ``sdpa`` lets SDPA take grouped heads itself (``enable_gqa``); ``repeat``
+copies the keys and values per query head first, as transformers does. The repeat copies the
+whole cache three times per layer, most of a step's time at batch 64 on a CPU; ``sdpa`` under a
+mask runs CUDA's math kernel. The others stay for the benchmarks that measure the choice
+(``bench/bench_cpu_attention.py``, ``bench/gpu_static_check.py``).
 
 Supported: decoder layers with Llama's block (``static_support`` says why a model is not).
 """
@@ -35,6 +41,7 @@ from entmtp.core import EntmtpError
 # MLP), and rope types whose inverse frequencies never change with the sequence length.
 STATIC_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+GROUPED_KV_WAYS = ("fold", "sdpa", "repeat")
 # SDPA takes grouped key/value heads itself from torch 2.5 (``enable_gqa``).
 _SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -96,10 +103,7 @@ class StaticLlama:
         self.hidden_size = int(config.hidden_size)
         weight = self.lm_head.weight
         self.dtype, self.device = weight.dtype, weight.device
-        # SDPA's grouped heads under a mask compute what repeating the keys and values per query
-        # head does, to the bit, and faster on the CPU; on CUDA a mask sends them to the math
-        # kernel, so the repeat stays there.
-        self.grouped_masked_sdpa = _SDPA_GQA and self.device.type == "cpu"
+        self.grouped_kv = "fold"  # one of GROUPED_KV_WAYS
 
     def new_cache(self, capacity: int, batch: int | None = None) -> torch.Tensor:
         """An empty cache [layers, 2, kv_heads, capacity, head_dim] in the model's dtype, or
@@ -141,12 +145,8 @@ class StaticLlama:
         x = self.embed(tokens) if batched else self.embed(tokens)[None]  # [rows, q, hidden]
         rows, q = x.shape[:2]
         cos, sin = self.rotary(positions, x.dtype)
-        if mask is None:
-            attn_mask = None
-        elif batched:
-            attn_mask = _fold_mask(mask[:, None], self.num_heads // self.num_kv_heads)
-        else:
-            attn_mask = mask.reshape(1, 1, *mask.shape[-2:])
+        attn_mask = None if mask is None else self._head_mask(mask.reshape(-1, 1,
+                                                                      *mask.shape[-2:]))
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             h = layer.input_layernorm(x)
@@ -161,20 +161,40 @@ class StaticLlama:
                                        (values if batched else values[0]).to(cache.dtype))
             past_keys = layer_cache[0, ..., :kv_len, :]  # [(batch,) kv_heads, kv_len, head_dim]
             past_values = layer_cache[1, ..., :kv_len, :]
-            if batched:
-                out = self._attend_folded(queries, past_keys, past_values, attn_mask)
-            else:
-                out = self._attend(queries, past_keys[None], past_values[None], attn_mask)
+            if not batched:
+                past_keys, past_values = past_keys[None], past_values[None]
+            out = self._attend(queries, past_keys, past_values, attn_mask)
             out = out.transpose(1, 2).reshape(rows, q, self.num_heads * self.head_dim)
             x = x + attention.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = self.norm(x)
         return hidden if batched else hidden[0]
 
+    def _groups(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def _head_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` [rows, 1, q, kv_len] as ``_attend`` takes it: folded for ``fold``
+        (row ``g * q + i`` is query ``i`` of the group's head ``g``)."""
+        groups = self._groups()
+        if self.grouped_kv != "fold" or groups == 1 or mask.shape[-2] == 1:
+            return mask
+        return mask.repeat(1, 1, groups, 1)
+
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1 and _SDPA_GQA and (mask is None or self.grouped_masked_sdpa):
+        """Attention [rows, heads, q, head_dim] of ``queries`` [rows, heads, q, head_dim] over
+        grouped ``keys`` and ``values`` [rows, kv_heads, kv_len, head_dim] (query head ``h``
+        reads key/value head ``h // groups``) under ``mask`` from ``_head_mask`` or None."""
+        groups = self._groups()
+        way = self.grouped_kv if groups > 1 else "repeat"
+        if way == "fold":
+            rows, heads, q, head_dim = queries.shape
+            folded = queries.reshape(rows, self.num_kv_heads, groups * q, head_dim)
+            out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask,
+                                                 scale=self.scaling)
+            return out.reshape(rows, heads, q, head_dim)
+        if way == "sdpa" and _SDPA_GQA:
             return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
                                                   scale=self.scaling, enable_gqa=True)
         if groups > 1:
@@ -183,29 +203,9 @@ class StaticLlama:
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
                                               scale=self.scaling)
 
-    def _attend_folded(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of ``queries`` [rows, heads, q, head_dim] over grouped ``keys`` and
-        ``values`` [rows, kv_heads, kv_len, head_dim]: query head ``h`` reads key/value head
-        ``h // groups`` (as ``repeat_interleave``), its ``groups`` query heads stacked as
-        ``groups * q`` query rows of one attention; ``mask`` folded the same way
-        (``_fold_mask``)."""
-        rows, heads, q, head_dim = queries.shape
-        folded = queries.reshape(rows, self.num_kv_heads, heads // self.num_kv_heads * q,
-                                 head_dim)
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask,
-                                             scale=self.scaling)
-        return out.reshape(rows, heads, q, head_dim)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head logits [rows, vocab] of final-norm hidden states [rows, hidden]."""
         return self.lm_head(hidden)
-
-
-def _fold_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
-    """A mask [rows, 1, q, kv_len] for the folded query rows [groups * q] of
-    ``StaticLlama._attend_folded`` (row ``g * q + i`` is query ``i`` of the group's head ``g``)."""
-    return mask if groups == 1 or mask.shape[-2] == 1 else mask.repeat(1, 1, groups, 1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""bench/gpu_static_check.py on a tiny model on the CPU: every arm, written as it goes."""
+"""bench/gpu_static_check.py on a tiny model on the CPU: every arm, written as it goes, and the
+ways of grouped-query attention side by side."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from entmtp.runtime import GROUPED_KV_WAYS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_static_check.py"
 ARMS = 11
@@ -32,9 +35,15 @@ def test_every_arm_decodes_the_same_with_and_without_graphs(tmp_path):
     assert set(report["targets"]) == {"autoregressive", "medusa 64 nodes", "hydra 64 nodes"}
     assert all(row["eager_step_ms"] > 0 and row["static_graph_step_ms"] > 0
                for row in report["arms"])
+    ways = report["grouped_kv_ways"]
+    assert [row["q"] for row in ways] == [1, 17, 65, 129]
+    for row in ways:
+        assert set(row["ms"]) == set(GROUPED_KV_WAYS) and min(row["ms"].values()) > 0
+        assert set(row["ratios"]) == {f"{row['default']}/{w}" for w in GROUPED_KV_WAYS
+                                      if w != row["default"]}
 
 
 def test_a_budget_skips_the_arms_that_would_not_finish_and_still_writes(tmp_path):
     report = check(tmp_path, 1e-6)  # less than building the model took
     assert report["arms"] == [] and len(report["skipped_arms"]) == ARMS
-    assert report["targets"] == {}
+    assert report["targets"] == {} and "grouped_kv_ways" not in report

@@ -12,8 +12,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_static_runtime.py"
 
 
-@pytest.mark.parametrize(("dtype", "torch_name"), [("fp32", "torch.float32"),
-                                                   ("bf16", "torch.bfloat16")])
+@pytest.mark.parametrize(("dtype", "torch_name"), [("fp32", "float32"),
+                                                   ("bf16", "bfloat16")])
 def test_both_runtimes_decode_the_same_and_the_ratios_are_their_steps(tmp_path, dtype,
                                                                       torch_name):
     out = tmp_path / "static.json"

@@ -8,7 +8,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from entmtp.runtime._kv_cache import new_cache
-from entmtp.runtime._static_model import StaticLlama, compact_static_cache, static_support
+from entmtp.runtime._static_model import (
+    GROUPED_KV_WAYS,
+    StaticLlama,
+    compact_static_cache,
+    static_support,
+)
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.runtime._verify import forward_tokens, tree_forward
 
@@ -89,12 +94,15 @@ def test_prefill_and_tree_step_equal_transformers(rt, kv_heads, rope, full):
 @pytest.mark.parametrize("kv_heads", [2, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("full", [False, True])
-def test_grouped_heads_under_a_mask_equal_repeated_keys_to_the_bit(rt, kv_heads, dtype, full):
-    """On the CPU SDPA takes the grouped key/value heads under a tree mask itself; that equals
-    repeating them per query head exactly (prompt and tree steps, hidden states and cache)."""
+@pytest.mark.parametrize("way", [w for w in GROUPED_KV_WAYS if w != "repeat"])
+def test_each_grouped_kv_way_computes_the_repeated_keys_attention(rt, kv_heads, dtype, full,
+                                                                  way):
+    """Every way of reading grouped key/value heads computes what repeating them per query head
+    does (transformers' way), prompt and tree steps, hidden states and cache: SDPA's own grouped
+    heads to the bit, the folded rows to rounding (a kernel may split the rows differently)."""
     model = _llama(kv_heads, "smollm2_theta", seed=2).to(dtype)
     static = StaticLlama(model)
-    assert static.grouped_masked_sdpa
+    assert static.grouped_kv in GROUPED_KV_WAYS
     rng = np.random.default_rng(20 + kv_heads)
     prompt = torch.tensor(rng.integers(0, 96, size=40))
     plan = tree_plan(rt.random_tree(rng, 10, depth=4, topk=3), 3)
@@ -102,8 +110,8 @@ def test_grouped_heads_under_a_mask_equal_repeated_keys_to_the_bit(rt, kv_heads,
     p = len(prompt)
     results = {}
     with torch.inference_mode():
-        for grouped in (True, False):
-            static.grouped_masked_sdpa = grouped
+        for grouped_kv in (way, "repeat"):
+            static.grouped_kv = grouped_kv
             cache = static.new_cache(p + plan.size + 3)
             mask, kv_len = _window(static, cache, 0, p, torch.ones(p, p, dtype=torch.bool).tril(),
                                    full)
@@ -112,18 +120,24 @@ def test_grouped_heads_under_a_mask_equal_repeated_keys_to_the_bit(rt, kv_heads,
             mask, kv_len = _window(static, cache, p, plan.size, plan.tree_mask, full)
             tree_hidden = static.backbone(cache, tokens, plan.depths + p,
                                           torch.arange(plan.size) + p, mask, kv_len)
-            results[grouped] = (prompt_hidden, tree_hidden, cache)
-    for grouped, repeated in zip(results[True], results[False], strict=True):
-        assert torch.equal(grouped, repeated)
+            results[grouped_kv] = (prompt_hidden, tree_hidden, cache)
+    for grouped, repeated in zip(results[way], results["repeat"], strict=True):
+        if way == "sdpa":
+            assert torch.equal(grouped, repeated)
+        else:
+            torch.testing.assert_close(grouped, repeated)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
-def test_a_batch_equals_each_sequence_alone(rt, kv_heads):
+@pytest.mark.parametrize("way", GROUPED_KV_WAYS)
+def test_a_batch_equals_each_sequence_alone(rt, kv_heads, way):
     """The batch forward (batched greedy generation): rows with their own positions and masks,
     a prompt forward then a tree step at once, equal each row run alone on a sequence cache;
-    its folded grouped-query attention equals the repeated keys' and values'."""
+    each row alone runs with the keys and values repeated per query head (transformers' way),
+    the batch with each way of grouped-query attention."""
     model = _llama(kv_heads, "smollm2_theta", seed=1)
     static = StaticLlama(model)
+    static.grouped_kv = way
     rng = np.random.default_rng(10 + kv_heads)
     rows, p = 3, 20
     prompts = torch.tensor(rng.integers(0, 96, size=(rows, p)))
@@ -148,6 +162,7 @@ def test_a_batch_equals_each_sequence_alone(rt, kv_heads):
         batch_tree = static.backbone(batch_cache, tokens, plan.depths + positions[:, -1:] + 1,
                                      torch.arange(plan.size) + p, tree_mask, p + plan.size)
         assert batch_tree.shape == (rows, plan.size, static.hidden_size)
+        static.grouped_kv = "repeat"
         for row in range(rows):
             cache = static.new_cache(p + plan.size)
             alone = static.backbone(cache, prompts[row], positions[row], torch.arange(p),
