@@ -298,6 +298,32 @@ def read_head_data_index(folder: Path) -> dict[str, Any]:
     return index
 
 
+def shard_problem(tokens: Tensor, lengths: Tensor, starts: Tensor, source_ids: Tensor, *,
+                  vocab_size: int, num_sources: int) -> str | None:
+    """None when a shard's arrays hold records (see the module docstring); else what is wrong.
+    ``tokens`` [sum L], ``lengths`` / ``starts`` / ``source_ids`` [R]."""
+    arrays = {"tokens": tokens, "lengths": lengths, "starts": starts, "source_ids": source_ids}
+    for name, array in arrays.items():
+        if array.dim() != 1 or array.dtype.is_floating_point or array.dtype.is_complex \
+                or array.dtype == torch.bool:
+            return f"{name} is not a 1-D integer array ({array.dtype}, {array.dim()}-D)"
+    if not len(lengths) == len(starts) == len(source_ids):
+        return "lengths, starts and source_ids differ in length"
+    if len(lengths) and int(lengths.min()) < 1:
+        return "a record has no token"
+    if int(lengths.sum()) != len(tokens):
+        return f"lengths add up to {int(lengths.sum())}, not the {len(tokens)} tokens"
+    if len(tokens) and not (0 <= int(tokens.min()) and int(tokens.max()) < vocab_size):
+        return (f"token ids {int(tokens.min())}..{int(tokens.max())} are outside the model's "
+                f"vocabulary of {vocab_size}")
+    if len(starts) and (int(starts.min()) < 0 or bool((starts >= lengths).any())):
+        return "a record's start is not one of its positions"
+    if len(source_ids) and not (0 <= int(source_ids.min())
+                                and int(source_ids.max()) < num_sources):
+        return f"source ids outside the {num_sources} sources of {INDEX_NAME}"
+    return None
+
+
 def read_head_data(path: str | os.PathLike, base: Any | None = None, *,
                    allow_unfinished: bool = False) -> HeadData:
     """All records of a finished data folder (or, with ``allow_unfinished``, of the finished
@@ -325,9 +351,16 @@ def read_head_data(path: str | os.PathLike, base: Any | None = None, *,
                     handle.get_tensor(name) for name in ("tokens", "lengths", "starts",
                                                          "source_ids"))
         except Exception as err:
-            raise EntmtpError(f"cannot read head-data shard {shard}: {err}") from err
+            raise EntmtpError(f"cannot read head-data shard {shard}: {err}: make the data "
+                              "again") from err
         if len(lengths) != entry["records"] or int(lengths.sum()) != entry["tokens"]:
             raise EntmtpError(f"{shard} does not match {INDEX_NAME}: make the data again")
+        problem = shard_problem(tokens, lengths, starts, source_ids,
+                                vocab_size=int(index["model"]["vocab_size"]),
+                                num_sources=len(sources))
+        if problem is not None:
+            raise EntmtpError(f"head-data shard {shard} is damaged ({problem}): make the data "
+                              "again")
         offset = 0
         for length, start, source in zip(lengths.tolist(), starts.tolist(),
                                          source_ids.tolist(), strict=True):

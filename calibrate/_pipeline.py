@@ -494,6 +494,7 @@ def retarget_run(
         raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")
     if settings.storage is not None:  # a shared Optuna study must not mix two latency models
         settings = replace(settings, study_name=f"{settings.study_name or 'entmtp'}-{slug}")
+    Profile.load(run.profile)  # a damaged source is named as such, before --out is touched
     profile_bytes = run.profile.read_bytes()
     unchanged = (
         target.profile.is_file() and target.profile.read_bytes() == profile_bytes
@@ -521,10 +522,9 @@ def demo_run(out: Path, *, seed: int = 0, schedule_trials: int = DEMO_SCHEDULE_T
     ``latency`` (cpu or gpu) model, into ``out``: a new folder or an earlier demo run."""
     if latency not in DEMO_LATENCIES:
         raise EntmtpError(f"--latency {latency!r}: use cpu or gpu")
-    if seed < 0:
-        raise EntmtpError(f"--seed {seed}: use a seed of 0 or more")
     if schedule_trials < 1:
         raise EntmtpError(f"--schedule-trials {schedule_trials}: use 1 or more")
+    settings = SearchSettings(schedule_trials=schedule_trials, seed=seed)  # checks the seed
     run = RunDir(out)
     check_demo_folder(run)
     check_run_outputs(run)
@@ -541,7 +541,6 @@ def demo_run(out: Path, *, seed: int = 0, schedule_trials: int = DEMO_SCHEDULE_T
             model = LatencyModel.cpu_like() if latency == "cpu" else LatencyModel.gpu_like()
             if not run.latency.exists() or LatencyModel.load(run.latency) != model:
                 model.save(run.latency)
-            settings = SearchSettings(schedule_trials=schedule_trials, seed=seed)
             search_stage(run, settings, progress=progress, task="synthetic")
         except OSError as err:
             raise EntmtpError(f"cannot write the demo run {run.root}: {err.strerror or err}: "

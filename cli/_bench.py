@@ -73,6 +73,7 @@ from ._model_setup import (
     split_option,
     task_option,
 )
+from ._plots import check_plots
 from .app import app
 
 
@@ -80,9 +81,12 @@ def load_targets(path: Path) -> tuple[Any, ...]:
     """``TARGETS`` of a targets file (``bench/targets.py``): each with ``key`` (a field of the
     prediction check), ``label``, ``at_least``, ``within``, ``passes(value)`` and ``goal()``."""
     spec = importlib.util.spec_from_file_location("entmtp_bench_targets", path)
-    if not Path(path).is_file() or spec is None or spec.loader is None:
-        raise EntmtpError(f"--targets {path}: no such Python file; pass bench/targets.py or a "
-                          "file like it")
+    if not Path(path).is_file():
+        raise EntmtpError(f"--targets {path}: no such file; pass bench/targets.py or a file "
+                          "like it")
+    if spec is None or spec.loader is None:
+        raise EntmtpError(f"--targets {path}: not a Python file (.py); pass bench/targets.py or "
+                          "a file like it")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it runs
     try:
@@ -384,7 +388,8 @@ def bench(
     graphs: bool = GRAPHS_OPTION,
     pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON."),
-    plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (PNG)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Bar chart of tokens/s (.png, .pdf "
+                                     "or .svg)."),
     targets_file: Path | None = typer.Option(
         None, "--targets", help="A targets file (bench/targets.py): mark each bundle's "
         "prediction check PASS / MISS against its TARGETS."),
@@ -406,7 +411,8 @@ def bench(
     task_name = task_for(task, data, bundle_task(bundles, task, data) or "chat")
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
-    check_outputs(json_path, plot)
+    check_outputs(json_path)
+    check_plots(plot)
     base = load_base(model, device=device, dtype=dtype)
     head_sets = load_head_sets(base, heads or [], head_type, model,
                                [bundle for _, bundle in bundles])

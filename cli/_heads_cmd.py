@@ -516,6 +516,9 @@ def draft_vocab_command(
 
     read_head_data_index(from_data)
     check_heads_target(out)
+    if out.exists() and heads.exists() and out.resolve() == heads.resolve():
+        raise EntmtpError(f"--out {out} is the source heads (--heads): choose a new folder, so "
+                          "that the bundles made for those heads still find them")
     base = load_base(model)
     draft = load_heads(heads, base.model)
     check_draft_vocab_size(size, draft.vocab_size, option="--size")

@@ -35,6 +35,7 @@ from ._model_setup import (
     check_outputs,
     deadline_after,
 )
+from ._plots import check_plots
 from ._progress import ConsoleReporter, warn
 from .app import app
 
@@ -192,7 +193,8 @@ def latency(
     strict: bool = STRICT_OPTION,
     seed: int = SEED_OPTION,
     out: Path = typer.Option(Path("latency.json"), "--out", help="Latency model JSON to write."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this PNG."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the curve to this plot "
+                                     "(.png, .pdf or .svg)."),
     compare: list[Path] = typer.Option([], "--compare", help="Latency JSON to draw next to it "
                                        "(repeatable; default: a synthetic counterpart)."),
     force: bool = FORCE_OPTION,
@@ -205,7 +207,8 @@ def latency(
     deadline = deadline_after(max_seconds)
     console = Console()
     check_engine(engine)
-    check_outputs(out, plot)
+    check_outputs(out)
+    check_plots(plot)
     for path in compare:  # read now: a bad one must not fail after --out is written
         LatencyModel.load(path)
     with console.status(f"timing draft + verify steps on {device} ({dtype})..."):
@@ -256,12 +259,13 @@ def latency(
 @user_errors
 def plot_latency(
     files: list[Path] = typer.Argument(..., help="Latency model JSON files."),
-    out: Path = typer.Option(..., "--out", help="PNG to write."),
+    out: Path = typer.Option(..., "--out", help="Plot to write (.png, .pdf or .svg)."),
     synthetic_gpu: bool = typer.Option(False, "--synthetic-gpu", help="Add the synthetic "
                                        "GPU-like model, labelled as not measured."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Draw several latency models (e.g. a CPU and a GPU one) in one figure."""
+    check_plots(out)
     models = {}
     for path in files:
         model = LatencyModel.load(path)

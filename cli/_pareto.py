@@ -13,8 +13,8 @@ from entmtp.core import all_or_none
 from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle, read_json
 
 from ._errors import user_errors
-from ._model_setup import FORCE_OPTION, check_outputs
-from ._plots import plot_acceptance_curves, plot_fronts, plot_tree
+from ._model_setup import FORCE_OPTION
+from ._plots import check_plots, plot_acceptance_curves, plot_fronts, plot_tree
 from ._progress import ConsoleReporter
 from .app import app
 
@@ -40,9 +40,11 @@ def _bucket_label(edges: list[float], index: int) -> str:
 @user_errors
 def pareto(
     run_dir: Path = typer.Argument(..., help="A calibration run folder (entmtp calibrate --out)."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write the fronts as a PNG."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the fronts as a plot (.png, "
+                                     ".pdf or .svg)."),
     acceptance_plot: Path | None = typer.Option(
-        None, "--acceptance-plot", help="Write acceptance-vs-entropy curves per head as a PNG."
+        None, "--acceptance-plot", help="Write acceptance-vs-entropy curves per head (.png, .pdf "
+        "or .svg)."
     ),
     buckets: bool = typer.Option(True, help="Also print the front of each entropy bucket."),
     schedule_trials: int = typer.Option(
@@ -55,9 +57,12 @@ def pareto(
     Example: entmtp pareto runs/code --plot runs/code/pareto.png
     """
     run = RunDir(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise EntmtpError(f"{run_dir} is a file, not a run folder: give the folder that "
+                          "`entmtp calibrate` wrote")
     if not run_dir.is_dir():
         raise EntmtpError(f"run folder {run_dir} does not exist: run `entmtp calibrate` first")
-    check_outputs(plot, acceptance_plot)
+    check_plots(plot, acceptance_plot)
     console = Console()
     if not run.front.exists() and run.profile.exists() and run.latency.exists():
         # A folder with only a profile and a latency model: run the search stage now.
@@ -115,7 +120,7 @@ def pareto(
 @user_errors
 def show_tree(
     source: Path = typer.Argument(..., help="A bundle.json, or a JSON list of paths."),
-    out: Path = typer.Option(..., "--out", help="PNG file to write."),
+    out: Path = typer.Option(..., "--out", help="Plot to write (.png, .pdf or .svg)."),
     tree_index: int = typer.Option(0, "--tree", help="Which tree of a bundle."),
     force: bool = FORCE_OPTION,
 ) -> None:
@@ -123,6 +128,7 @@ def show_tree(
 
     Example: entmtp show-tree runs/code/bundle.json --tree 0 --out tree0.png
     """
+    check_plots(out)
     obj = read_json(source, source=f"tree file {source}", expect=(dict, list),
                     fix="give a bundle.json or a JSON list of paths")
     if isinstance(obj, dict) and obj.get("format") == "entmtp-bundle":
@@ -131,6 +137,10 @@ def show_tree(
             raise EntmtpError(f"--tree {tree_index} is out of range: the bundle has "
                               f"{len(bundle.trees)} trees")
         tree = bundle.trees[tree_index]
+    elif isinstance(obj, dict) and not {"paths", "medusa_choices"} & set(obj):
+        kind = f"an {obj['format']} file" if isinstance(obj.get("format"), str) else "an object"
+        raise EntmtpError(f"tree file {source} is {kind}, not a bundle or a list of paths: give "
+                          "a bundle.json or a JSON list of paths")
     else:
         tree = Tree.from_json(obj)
     title = f"{source.name}: {tree.num_nodes} nodes, depth {tree.depth}"

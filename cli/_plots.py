@@ -1,4 +1,5 @@
-"""PNG plots (matplotlib, Agg backend): fronts, trees, acceptance-vs-entropy curves."""
+"""Plots (matplotlib, Agg backend): fronts, trees, acceptance-vs-entropy curves; each in the
+format its file's suffix names (``PLOT_FORMATS``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,32 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entmtp.core import atomic_write
+from entmtp.core import EntmtpError, atomic_write, check_writable_target
+
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_format(path: str | os.PathLike) -> str:
+    """The format a plot at ``path`` is written in: its suffix, one of ``PLOT_FORMATS``."""
+    suffix = Path(path).suffix.lower().removeprefix(".")
+    if suffix not in PLOT_FORMATS:
+        raise EntmtpError(f"plot {path}: name it .png, .pdf or .svg (the suffix is the format)")
+    return suffix
+
+
+def check_plots(*paths: str | os.PathLike | None) -> None:
+    """Refuse, before any work, a plot path of no known format or that cannot be written;
+    None: a plot option not given."""
+    for path in paths:
+        if path is not None:
+            plot_format(path)
+            check_writable_target(Path(path))
 
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError as err:  # pragma: no cover - matplotlib is a core dependency
-        from entmtp.treesearch import EntmtpError
-
         raise EntmtpError("plots need matplotlib: pip install matplotlib") from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -25,7 +43,7 @@ def _pyplot():
 
 def _save(fig, path: str | os.PathLike) -> Path:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    fig.savefig(buffer, format=plot_format(path), dpi=120, bbox_inches="tight")
     _pyplot().close(fig)
     return atomic_write(path, lambda handle: handle.write(buffer.getvalue()))
 

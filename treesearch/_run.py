@@ -41,6 +41,7 @@ from ._schedule_search import ScheduleSearchResult, calibrate_schedule
 from ._tree import Tree
 
 REFERENCE_TREES = ("mc_sim_7b_63",)
+MAX_SEED = 2**32 - 1  # Optuna's samplers seed numpy, which takes 32 bits
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class SearchSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise EntmtpError(f"{name} (--{name.replace('_', '-')}) must be an integer of "
                                   f"at least {least}, got {value!r}")
+        if self.seed > MAX_SEED:
+            raise EntmtpError(f"seed (--seed) must be at most {MAX_SEED}, got {self.seed}")
         if self.validation_folds != 0 and not (isinstance(self.validation_folds, int)
                                                and self.validation_folds >= 2):
             raise EntmtpError(f"validation_folds must be 0 (off) or an integer >= 2, got "
@@ -332,7 +335,13 @@ def validation_line(result: ScheduleSearchResult) -> str:
         if result.study.best_trial is None:
             return ("Cross-validation: not needed (no switching schedule beat the best static "
                     "tree on the calibration traces).")
-        return "Cross-validation: not run."
+        if result.validation_folds == 0:
+            return ("Cross-validation: off (--validation-folds 0): the switching schedule ships "
+                    "without an out-of-sample check.")
+        return (f"Cross-validation: not run: fewer prompts with a decoding step than the "
+                f"{result.validation_folds} folds, so none could be held out; the switching "
+                "schedule ships without an out-of-sample check (profile more prompts, or use "
+                "fewer --validation-folds).")
     if check.passed:
         verdict = "kept the switching schedule"
     elif check.schedule_ms < check.static_ms:

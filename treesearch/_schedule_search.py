@@ -125,6 +125,7 @@ class ScheduleSearchResult:
     study: StudySummary
     validation: Validation | None = None  # None: not run (off, too few prompts, or static won)
     noise: NoiseCheck | None = None  # None: no switching schedule beat the static tree
+    validation_folds: int = 0  # folds asked for (0: the check is off)
 
     @property
     def gain_over_static(self) -> float:
@@ -386,6 +387,7 @@ def calibrate_schedule(
         study=summary,
         validation=validation,
         noise=noise,
+        validation_folds=validation_folds,
     )
 
 

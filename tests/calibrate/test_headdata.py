@@ -18,6 +18,7 @@ from entmtp.calibrate._headdata import (
     make_records,
     read_head_data,
     record_trajectories,
+    shard_problem,
     trajectories_from_shard,
     write_head_data,
 )
@@ -172,6 +173,47 @@ def test_not_a_data_folder_is_one_clear_error(tmp_path):
     (tmp_path / INDEX_NAME).write_text('{"format": "other"}')
     with pytest.raises(EntmtpError, match="not an entmtp head-data index"):
         read_head_data(tmp_path)
+
+
+def _shard(**changes):
+    """A good shard's arrays (two records of 3 and 2 tokens), with ``changes``."""
+    arrays = {"tokens": torch.tensor([5, 6, 7, 8, 9], dtype=torch.int32),
+              "lengths": torch.tensor([3, 2], dtype=torch.int32),
+              "starts": torch.tensor([1, 1], dtype=torch.int32),
+              "source_ids": torch.tensor([0, 1], dtype=torch.int32)}
+    return {**arrays, **changes}
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({}, None),
+    ({"tokens": torch.tensor([5, 6, 7, 8, VOCAB], dtype=torch.int32)}, "outside the model's"),
+    ({"tokens": torch.tensor([5, -7, 7, 8, 9], dtype=torch.int32)}, "outside the model's"),
+    ({"tokens": torch.tensor([5.0, 6, 7, 8, 9])}, "tokens is not a 1-D integer array"),
+    ({"starts": torch.tensor([[1, 1]], dtype=torch.int32)}, "starts is not a 1-D integer"),
+    ({"source_ids": torch.tensor([0, 2], dtype=torch.int32)}, "source ids outside the 2"),
+    ({"source_ids": torch.tensor([0, -1], dtype=torch.int32)}, "source ids outside"),
+    ({"starts": torch.tensor([1, 2], dtype=torch.int32)}, "start is not one of its positions"),
+    ({"starts": torch.tensor([-1, 0], dtype=torch.int32)}, "start is not one of its positions"),
+    ({"lengths": torch.tensor([5, 0], dtype=torch.int32)}, "a record has no token"),
+    ({"lengths": torch.tensor([3, 3], dtype=torch.int32)}, "add up to 6, not the 5"),
+    ({"source_ids": torch.tensor([0], dtype=torch.int32)}, "differ in length"),
+])
+def test_shard_problems_are_named(changes, problem):
+    found = shard_problem(**_shard(**changes), vocab_size=VOCAB, num_sources=2)
+    assert found == problem if problem is None else problem in found
+
+
+def test_a_damaged_shard_is_one_clear_error(base, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    write_head_data(base, tmp_path / "d", items(4, seed=5), max_new_tokens=3)
+    shard = tmp_path / "d" / "shard-00000.safetensors"
+    arrays = load_file(shard)
+    arrays["source_ids"][0] = 9
+    save_file(arrays, shard)
+    with pytest.raises(EntmtpError, match=r"is damaged \(source ids outside the 3 sources.*make "
+                                          r"the data again"):
+        read_head_data(tmp_path / "d", base)
 
 
 def test_record_trajectories_are_the_trained_positions(base):

@@ -303,3 +303,18 @@ def test_a_run_whose_shards_folder_is_a_file_is_refused_first(demo_run, tmp_path
     assert_user_error(["calibrate", "--out", str(run), "--model", str(tmp_path / "no-model"),
                        "--heads", str(tmp_path), "--task", "code", "--schedule-trials", "2"],
                       tmp_path, mentions=("finished prompts",))
+
+
+def test_show_tree_of_a_latency_file_names_what_it_was_given(tmp_path):
+    from entmtp.treesearch import LatencyModel
+
+    latency = tmp_path / "latency.json"
+    LatencyModel.cpu_like().save(latency)
+    assert_user_error(["show-tree", str(latency), "--out", str(tmp_path / "t.png")], tmp_path,
+                      mentions=("entmtp-latency file", "not a bundle"))
+
+
+def test_pareto_of_a_file_says_it_is_not_a_run_folder(demo_run, tmp_path):
+    run = _copy_run(demo_run, tmp_path)
+    assert_user_error(["pareto", str(run / "bundle.json")], tmp_path,
+                      mentions=("is a file, not a run folder",))

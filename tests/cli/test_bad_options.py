@@ -33,6 +33,7 @@ def test_heads_train_bad_numbers_are_refused_before_loading(tmp_path, extra, opt
     (["--max-nodes", "0"], "--max-nodes"),
     (["--shape-trials", "-1"], "--shape-trials"),
     (["--seed", "-1"], "--seed"),
+    (["--seed", "4294967296"], "--seed"),
     (["--validation-folds", "1"], "validation_folds"),
     (["--validation-folds", "-1"], "validation_folds"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else v)

@@ -102,15 +102,20 @@ FILE_WRITERS: dict[str, Callable[[Path, Path], list[str]]] = {
 }
 
 
+def _output_name(writer: str) -> str:
+    """A name the writer takes: a plot's suffix names its format."""
+    return "out.png" if "plot" in writer or writer.startswith("show-tree") else "out.file"
+
+
 @pytest.mark.parametrize("writer", list(FILE_WRITERS))
 def test_read_only_output_is_refused_unless_force(demo_run, tmp_path, writer):
     run = _copy(demo_run, tmp_path)
-    out = _read_only(tmp_path / "out.file")
+    out = _read_only(tmp_path / _output_name(writer))
     assert_user_error(FILE_WRITERS[writer](out, run), tmp_path, mentions=("read-only", "--force"))
     result = runner.invoke(app, [*FILE_WRITERS[writer](out, run), "--force"])
     assert result.exit_code == 0, result.output
     assert out.read_bytes() != b"keep me"
-    assert not list(tmp_path.glob(".out.file.*"))  # no temp file left
+    assert not list(tmp_path.glob(f".{out.name}.*"))  # no temp file left
 
 
 def test_force_is_only_for_the_command_it_is_given_to(demo_run, tmp_path):
@@ -219,7 +224,7 @@ MODEL_WRITERS: dict[str, Callable[[Path, Path, Path], list[str]]] = {
 @pytest.mark.parametrize("writer", list(MODEL_WRITERS))
 def test_model_command_refuses_a_read_only_output_before_loading(demo_run, tmp_path, writer):
     run = _copy(demo_run, tmp_path)
-    out = _read_only(tmp_path / "out.file")
+    out = _read_only(tmp_path / _output_name(writer))
     args = MODEL_WRITERS[writer](out, run, tmp_path)
     assert_user_error(args, tmp_path, mentions=("read-only", "--force"))
     forced = assert_user_error([*args, "--force"], tmp_path)

@@ -351,6 +351,9 @@ def test_without_a_bundle_torch_keeps_its_thread_count(two, spy, tmp_path):
 def test_a_bad_targets_file_is_a_one_line_error_before_any_decoding(two, spy, tmp_path):
     args = [*bench_args(two), "--prompts", 1, "--max-new-tokens", 2, "--targets"]
     assert_one_line_error(invoke([*args, tmp_path / "none.py"]), "--targets", "no such")
+    as_json = tmp_path / "targets.json"
+    as_json.write_text("{}")
+    assert_one_line_error(invoke([*args, as_json]), "--targets", "not a Python file")
     broken = tmp_path / "broken.py"
     broken.write_text("TARGETS = (\n")
     assert_one_line_error(invoke([*args, broken]), "--targets", "cannot load")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -458,3 +459,15 @@ def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_mode
     one_line_error(invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads",
                            tiny_hydra_dir, "--from-data", tmp_path, "--size", 70,
                            "--out", tmp_path / "bad"]), "no head-data folder")
+
+
+def test_draft_vocab_into_its_own_source_heads_is_refused(tiny_model_dir, tiny_hydra_dir,
+                                                          tmp_path):
+    folder = make_data(tiny_model_dir, tmp_path, 4)
+    source = tmp_path / "heads"
+    shutil.copytree(tiny_hydra_dir, source)
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    result = invoke(["heads", "draft-vocab", "--model", tiny_model_dir, "--heads", source,
+                     "--from-data", folder, "--size", 70, "--out", tmp_path / "." / "heads"])
+    one_line_error(result, "is the source heads")
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before

@@ -523,3 +523,26 @@ def test_retarget_to_a_latency_file_of_another_linear_kernel_warns(cpu_run, tmp_
             timed_kernel = fields.get("linear_kernel", "torch")
             assert f"with the {timed_kernel!r} kernel but entmtp now computes them with {used!r}" \
                 in result.output
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_retarget_of_a_damaged_profile_names_it_and_leaves_out_alone(cpu_run, gpu_run, gpu_json,
+                                                                     tmp_path, existing):
+    """The source profile is checked before --out is touched: an earlier output keeps its
+    files, byte for byte, and a new folder is not made; the error names the source's file."""
+    source = tmp_path / "source"
+    shutil.copytree(cpu_run, source)
+    data = (source / "profile.npz").read_bytes()
+    (source / "profile.npz").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    if existing:
+        shutil.copytree(gpu_run, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if existing else None
+    result = runner.invoke(app, ["retarget", str(source), "--latency", str(gpu_json), "--out",
+                                 str(out)])
+    message = _one_line_error(result)
+    assert str(source / "profile.npz") in message and str(out) not in message
+    if existing:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    else:
+        assert not out.exists()

@@ -84,6 +84,27 @@ def test_show_tree_draws_reference_and_bundle_trees(demo_run, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.parametrize(("name", "magic"), [("t.png", b"\x89PNG"), ("t.PDF", b"%PDF"),
+                                           ("t.svg", b"<?xml")])
+def test_a_plot_is_written_in_the_format_its_suffix_names(demo_run, tmp_path, name, magic):
+    out = tmp_path / name
+    result = runner.invoke(app, ["show-tree", str(demo_run / "bundle.json"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes().startswith(magic)
+
+
+@pytest.mark.parametrize("name", ["t.xyz", "t", "t.jpg"])
+def test_a_plot_of_no_known_format_is_refused_before_any_work(demo_run, tmp_path, name):
+    for argv in (["show-tree", str(demo_run / "bundle.json"), "--out"],
+                 ["pareto", str(demo_run), "--plot"],
+                 ["plot-latency", str(demo_run / "latency.json"), "--out"]):
+        result = runner.invoke(app, [*argv, str(tmp_path / name)])
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and ".png, .pdf or .svg" in lines[0], result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("fmt", ["entmtp", "medusa", "trtllm"])
 def test_export_formats_round_trip(demo_run, tmp_path, fmt):
     out = tmp_path / f"out.{fmt}"

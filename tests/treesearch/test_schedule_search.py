@@ -429,3 +429,25 @@ def test_the_report_says_why_the_k_fold_check_kept_or_refused_the_schedule(sched
 
     line = validation_line(SimpleNamespace(validation=Validation(3, schedule_ms, 100.0, 1.05)))
     assert line.startswith("Cross-validation (3 folds of prompts") and line.endswith(says)
+
+
+@pytest.mark.parametrize(("folds", "says"), [
+    (0, "off (--validation-folds 0)"),
+    (5, "fewer prompts with a decoding step than the 5 folds"),
+])
+def test_the_report_says_why_the_k_fold_check_did_not_run(folds, says):
+    from types import SimpleNamespace
+
+    from entmtp.treesearch._run import validation_line
+
+    result = SimpleNamespace(validation=None, validation_folds=folds, noise=None,
+                             study=SimpleNamespace(best_trial=3))
+    assert says in validation_line(result)
+
+
+def test_a_search_with_more_folds_than_prompts_records_the_folds_asked_for():
+    profile = synthetic_profile(num_traces=7, positions=96, seed=2)
+    candidates = candidates_for(profile, (1, 3, 7, 15))
+    result = calibrate_schedule(profile, candidates, LatencyModel.cpu_like(), n_trials=6, seed=1,
+                                max_buckets=3, validation_folds=8)
+    assert result.validation is None and result.validation_folds == 8
