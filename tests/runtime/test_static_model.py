@@ -264,3 +264,11 @@ def test_other_llama_block_families_equal_transformers(rt, family):
         hidden = static.backbone(cache, tokens, plan.depths + p, torch.arange(plan.size) + p,
                                  mask, kv_len)
         torch.testing.assert_close(static.logits(hidden), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_grouped_kv_way_is_chosen_per_device_and_dtype():
+    """The measured choice (README, "Grouped key/value heads"): SDPA's own grouped heads on the
+    CPU in bfloat16, the fold elsewhere."""
+    assert StaticLlama(_llama(2, "default")).grouped_kv == "fold"
+    assert StaticLlama(_llama(2, "default").to(torch.float16)).grouped_kv == "fold"
+    assert StaticLlama(_llama(2, "default").to(torch.bfloat16)).grouped_kv == "sdpa"
