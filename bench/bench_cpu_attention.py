@@ -105,7 +105,6 @@ def time_ways(net, runs: dict[str, Run], rounds: int, order: torch.Generator
     times = {label: {way: [] for way in GROUPED_KV_WAYS} for label in runs}
     same = {label: dict.fromkeys(GROUPED_KV_WAYS, True) for label in runs}
     pairs = [(label, way) for label in runs for way in GROUPED_KV_WAYS]
-    default = net.grouped_kv
     for round_index in range(2 + rounds):
         written: dict[tuple[str, str], torch.Tensor] = {}
         for position in torch.randperm(len(pairs), generator=order).tolist():
@@ -117,7 +116,7 @@ def time_ways(net, runs: dict[str, Run], rounds: int, order: torch.Generator
         for label, way in pairs:
             same[label][way] &= torch.equal(written[label, way],
                                             written[label, REFERENCE_WAY])
-    net.grouped_kv = default
+    net.grouped_kv = None  # back to the measured choice
     return times, same
 
 
@@ -162,7 +161,7 @@ def main() -> None:
             draft_vocab_size=args.draft_vocab_size)
     engine = SpeculativeDecoder(model, heads, topk=10).static_engine
     net = engine.net
-    default = net.grouped_kv
+    default = net.grouped_kv_way(batched=args.batch > 0)
     others = [way for way in GROUPED_KV_WAYS if way != default]
     vocab = model.config.vocab_size
     order = torch.Generator().manual_seed(0)

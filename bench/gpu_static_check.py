@@ -155,7 +155,7 @@ class BareForward:
     def __init__(self, model, q: int, capacity: int, graphs: bool,
                  grouped_kv: str | None = None) -> None:
         net = StaticLlama(model)
-        net.grouped_kv = grouped_kv or net.grouped_kv
+        net.grouped_kv = grouped_kv  # None: the runtime's choice
         device = net.device
         past = max(capacity // 2 - q, 0)
         self.cache = net.new_cache(capacity)
@@ -203,7 +203,7 @@ def grouped_kv_ways(model, capacity: int, graphs: bool, rounds: int,
     """The bare forward of ``q`` tokens with each way of reading grouped key/value heads
     (``GROUPED_KV_WAYS``), in interleaved rounds (a fresh order each round): median ms of each
     and the ratio of the runtime's way to each other way, per ``q``."""
-    default = StaticLlama(model).grouped_kv
+    default = StaticLlama(model).grouped_kv_way(batched=False)
     order = torch.Generator().manual_seed(0)
     rows = []
     for q in queries:

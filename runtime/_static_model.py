@@ -19,14 +19,14 @@ positions, written at the same slots in every row (left-padded prompts: a row's 
 masked out).
 
 Grouped-query attention (SmolLM2: 9 query heads over 3 key/value heads) has three ways in
-``GROUPED_KV_WAYS``, one attribute (``grouped_kv``, set per device and dtype) choosing for every
-forward, sequence or batch: ``fold`` stacks each key/value head's query heads as rows of one
-attention and folds the mask the same way; ``sdpa`` lets SDPA take grouped heads itself
-(``enable_gqa``); ``repeat`` copies the keys and values per query head first, as transformers
-does. The repeat copies the whole cache three times per layer, most of a step's time at batch
-64 on a CPU; ``sdpa`` under a mask runs CUDA's math kernel. The ways not chosen stay as the
-baselines of the benchmarks that measure the choice (``bench/bench_cpu_attention.py``,
-``bench/gpu_static_check.py``).
+``GROUPED_KV_WAYS``, one method (``grouped_kv_way``: measured per device, dtype and batch, or
+the ``grouped_kv`` a benchmark sets) choosing for every forward: ``fold`` stacks each key/value
+head's query heads as rows of one attention and folds the mask the same way; ``sdpa`` lets SDPA
+take grouped heads itself (``enable_gqa``); ``repeat`` copies the keys and values per query head
+first, as transformers does. The repeat copies the whole cache three times per layer, most of a
+step's time at batch 64 on a CPU; ``sdpa`` under a mask runs CUDA's math kernel. The ways not
+chosen stay as the baselines of the benchmarks that measure the choice
+(``bench/bench_cpu_attention.py``, ``bench/gpu_static_check.py``).
 
 Supported: decoder layers with Llama's block (``static_support`` says why a model is not).
 """
@@ -104,11 +104,19 @@ class StaticLlama:
         self.hidden_size = int(config.hidden_size)
         weight = self.lm_head.weight
         self.dtype, self.device = weight.dtype, weight.device
-        # One of GROUPED_KV_WAYS, measured per device and dtype (README, "Grouped key/value
-        # heads"): on the CPU in bfloat16 SDPA's own grouped heads beat the fold by ~1% a step
-        # and ~5% a batch of 64 at a 256-384-token past; elsewhere the fold, which copies nothing.
-        cpu_bf16 = self.device.type == "cpu" and self.dtype == torch.bfloat16
-        self.grouped_kv = "sdpa" if cpu_bf16 and _SDPA_GQA else "fold"
+        self.grouped_kv: str | None = None  # one of GROUPED_KV_WAYS; None: grouped_kv_way's
+
+    def grouped_kv_way(self, batched: bool) -> str:
+        """How a forward reads grouped key/value heads: ``grouped_kv`` when set, else the
+        choice measured on a CPU (README, "Grouped key/value heads"): SDPA's own grouped heads,
+        ~1% faster a step than the fold in float32 and bfloat16 and ~5% a bfloat16 batch of 64,
+        except for a float32 batch, where the fold is 4-12% faster; on other devices the fold,
+        which copies nothing and takes any kernel that reads a mask."""
+        if self.grouped_kv is not None:
+            return self.grouped_kv
+        if self.device.type != "cpu" or not _SDPA_GQA:
+            return "fold"
+        return "fold" if batched and self.dtype == torch.float32 else "sdpa"
 
     def new_cache(self, capacity: int, batch: int | None = None) -> torch.Tensor:
         """An empty cache [layers, 2, kv_heads, capacity, head_dim] in the model's dtype, or
@@ -150,8 +158,9 @@ class StaticLlama:
         x = self.embed(tokens) if batched else self.embed(tokens)[None]  # [rows, q, hidden]
         rows, q = x.shape[:2]
         cos, sin = self.rotary(positions, x.dtype)
+        way = self.grouped_kv_way(batched)
         attn_mask = None if mask is None else self._head_mask(mask.reshape(-1, 1,
-                                                                      *mask.shape[-2:]))
+                                                                      *mask.shape[-2:]), way)
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             h = layer.input_layernorm(x)
@@ -168,7 +177,7 @@ class StaticLlama:
             past_values = layer_cache[1, ..., :kv_len, :]
             if not batched:
                 past_keys, past_values = past_keys[None], past_values[None]
-            out = self._attend(queries, past_keys, past_values, attn_mask)
+            out = self._attend(queries, past_keys, past_values, attn_mask, way)
             out = out.transpose(1, 2).reshape(rows, q, self.num_heads * self.head_dim)
             x = x + attention.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -178,21 +187,21 @@ class StaticLlama:
     def _groups(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def _head_mask(self, mask: torch.Tensor) -> torch.Tensor:
+    def _head_mask(self, mask: torch.Tensor, way: str) -> torch.Tensor:
         """``mask`` [rows, 1, q, kv_len] as ``_attend`` takes it: folded for ``fold``
         (row ``g * q + i`` is query ``i`` of the group's head ``g``)."""
         groups = self._groups()
-        if self.grouped_kv != "fold" or groups == 1 or mask.shape[-2] == 1:
+        if way != "fold" or groups == 1 or mask.shape[-2] == 1:
             return mask
         return mask.repeat(1, 1, groups, 1)
 
     def _attend(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, way: str) -> torch.Tensor:
         """Attention [rows, heads, q, head_dim] of ``queries`` [rows, heads, q, head_dim] over
         grouped ``keys`` and ``values`` [rows, kv_heads, kv_len, head_dim] (query head ``h``
         reads key/value head ``h // groups``) under ``mask`` from ``_head_mask`` or None."""
         groups = self._groups()
-        way = self.grouped_kv if groups > 1 else "repeat"
+        way = way if groups > 1 else "repeat"
         if way == "fold":
             rows, heads, q, head_dim = queries.shape
             folded = queries.reshape(rows, self.num_kv_heads, groups * q, head_dim)

@@ -102,7 +102,7 @@ def test_each_grouped_kv_way_computes_the_repeated_keys_attention(rt, kv_heads, 
     heads to the bit, the folded rows to rounding (a kernel may split the rows differently)."""
     model = _llama(kv_heads, "smollm2_theta", seed=2).to(dtype)
     static = StaticLlama(model)
-    assert static.grouped_kv in GROUPED_KV_WAYS
+    assert static.grouped_kv is None
     rng = np.random.default_rng(20 + kv_heads)
     prompt = torch.tensor(rng.integers(0, 96, size=40))
     plan = tree_plan(rt.random_tree(rng, 10, depth=4, topk=3), 3)
@@ -266,9 +266,32 @@ def test_other_llama_block_families_equal_transformers(rt, family):
         torch.testing.assert_close(static.logits(hidden), reference, rtol=1e-5, atol=1e-5)
 
 
-def test_the_grouped_kv_way_is_chosen_per_device_and_dtype():
-    """The measured choice (README, "Grouped key/value heads"): SDPA's own grouped heads on the
-    CPU in bfloat16, the fold elsewhere."""
-    assert StaticLlama(_llama(2, "default")).grouped_kv == "fold"
-    assert StaticLlama(_llama(2, "default").to(torch.float16)).grouped_kv == "fold"
-    assert StaticLlama(_llama(2, "default").to(torch.bfloat16)).grouped_kv == "sdpa"
+def test_the_grouped_kv_way_is_the_measured_choice_unless_set():
+    """README, "Grouped key/value heads": on the CPU SDPA's own grouped heads, but the fold for
+    a float32 batch; a way that is set serves every forward."""
+    for dtype, sequence, batch in ((torch.float32, "sdpa", "fold"),
+                                   (torch.bfloat16, "sdpa", "sdpa")):
+        static = StaticLlama(_llama(2, "default").to(dtype))
+        assert (static.grouped_kv_way(False), static.grouped_kv_way(True)) == (sequence, batch)
+        static.grouped_kv = "repeat"
+        assert static.grouped_kv_way(False) == static.grouped_kv_way(True) == "repeat"
+
+
+def test_the_chosen_way_is_the_one_that_runs(monkeypatch):
+    model = _llama(2, "default")
+    static = StaticLlama(model)
+    seen = []
+    real = StaticLlama._attend
+
+    def spy(self, queries, keys, values, mask, way):
+        seen.append(way)
+        return real(self, queries, keys, values, mask, way)
+
+    monkeypatch.setattr(StaticLlama, "_attend", spy)
+    with torch.inference_mode():
+        static.backbone(static.new_cache(8), torch.tensor([5, 6]), torch.arange(2),
+                        torch.arange(2), torch.ones(2, 2, dtype=torch.bool).tril(), 2)
+        static.backbone(static.new_cache(8, batch=2), torch.tensor([[5], [6]]),
+                        torch.zeros(2, 1, dtype=torch.int64), torch.arange(1), None, 1)
+    layers = len(static.layers)
+    assert seen == ["sdpa"] * layers + ["fold"] * layers
