@@ -10,14 +10,15 @@ per step of the static runtime.
 Each budget tree's step (the empty one is autoregressive decoding's plain step, without a mask)
 is timed the latency profiler's way, launch to readback from a restored state at a fixed
 context, once per way, all of them in a fresh random order each round. ``--batch B`` times
-instead the batch forward of batched greedy generation (``B`` rows: one token each, a step of
-``generate_batch``) over a past of each context. Prints per step and context the median ms of
-each way, the median per-round ratio of the runtime's way (``StaticLlama``'s default) to each
-other way with its interquartile range, and whether the ways wrote the same cache entries as the
-repeat (transformers' way; ``sdpa`` must, to the bit; ``fold`` may differ in the last bit where
-a kernel splits rows differently). Random weights of the default model's architecture and random
-heads drafting over ``--draft-vocab-size`` tokens, loaded as ``entmtp latency`` loads them (a
-step's time does not depend on the values). Run it on a quiet machine; it names the CPU.
+instead the batch forward of batched greedy generation (``B`` rows, one token each: a step of
+``calibrate/_greedy.py``'s ``batch_greedy_steps``) over a past of each context. Prints per step
+and context the median ms of each way, the median per-round ratio of the runtime's way
+(``StaticLlama.grouped_kv_way``'s choice) to each other way with its interquartile range, and
+whether the ways wrote the same cache entries as the repeat (transformers' way; ``sdpa`` must,
+to the bit; ``fold`` may differ in the last bit where a kernel splits rows differently). Random
+weights of the default model's architecture and random heads drafting over
+``--draft-vocab-size`` tokens, loaded as ``entmtp latency`` loads them (a step's time does not
+depend on the values). Run it on a quiet machine; it names the CPU.
 """
 
 from __future__ import annotations
