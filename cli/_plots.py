@@ -8,7 +8,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entmtp.core import EntmtpError, atomic_write, check_writable_target
+from entmtp.core import EntmtpError, atomic_write
+
+from ._model_setup import check_outputs
 
 PLOT_FORMATS = ("png", "pdf", "svg")
 
@@ -21,13 +23,13 @@ def plot_format(path: str | os.PathLike) -> str:
     return suffix
 
 
-def check_plots(*paths: str | os.PathLike | None) -> None:
-    """Refuse, before any work, a plot path of no known format or that cannot be written;
-    None: a plot option not given."""
+def check_plots(*paths: Path | None) -> None:
+    """Refuse, before any work, a plot path of no known format or one ``check_outputs``
+    refuses; None: a plot option not given."""
     for path in paths:
         if path is not None:
             plot_format(path)
-            check_writable_target(Path(path))
+    check_outputs(*paths)
 
 
 def _pyplot():
