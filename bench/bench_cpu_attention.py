@@ -60,18 +60,14 @@ Run = Callable[[], tuple[float, torch.Tensor]]
 
 def tree_runs(engine, steps: dict[str, object], context: int, vocab: int) -> dict[str, Run]:
     """Each tree step at a past of ``context`` random tokens. ``timed_run`` restores the engine's
-    state after each run; the slots a step writes are put back here, so every run starts from
-    the same cache."""
+    state after each run, and a step writes its slots after the past before it reads them, so
+    every run starts from the same inputs."""
     engine.prefill(torch.randint(0, vocab, (context,)))
 
     def run_of(step) -> Run:
         def run() -> tuple[float, torch.Tensor]:
-            slots = slice(context, context + step.cache_width)
-            kept = engine.cache[:, :, :, slots].clone()
             elapsed = engine.timed_run(step, context)
-            written = engine.cache[:, :, :, slots].clone()
-            engine.cache[:, :, :, slots] = kept
-            return elapsed, written
+            return elapsed, engine.cache[:, :, :, context:context + step.cache_width].clone()
         return run
 
     return {label: run_of(step) for label, step in steps.items()}
