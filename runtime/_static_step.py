@@ -9,9 +9,10 @@ whose index tensors come from the tree's ``TreePlan``. A step drafts (the ``Draf
 argmax of their parent's logits, ties to the first leaf, as ``greedy_accept``), compacts the
 accepted path inside the cache (``compact_static_cache``) and updates the state buffers, all as
 tensor ops of fixed shapes with no host sync. Its outputs stay on the device until the host reads
-them once: ``out_ints`` = [accepted length, next token, tokens of the accepted path padded to
-depth + 1] and ``out_floats`` = [base entropies of the accepted path's logits (base-signal
-schedules), head 1's entropy at the new state (draft-entropy schedules)].
+them with one copy of one buffer, ``out``, whose views are ``out_ints`` = [accepted length, next
+token, tokens of the accepted path padded to depth + 1] and ``out_floats`` = [base entropies
+of the accepted path's logits (base-signal schedules), head 1's entropy at the new state
+(draft-entropy schedules)].
 
 Draft-entropy schedules choose a step's tree from head 1's entropy at the step's state, so every
 step of such a schedule ends by preparing the next state (the heads' first results, as the eager
@@ -53,6 +54,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from entmtp.calibrate import entropy_from_logits
@@ -385,16 +387,16 @@ class TreeStep:
         self.tree_mask = plan.padded_tree_mask(width)  # [w, w] bool
         self.keep_slots = torch.arange(path_width, device=device)  # [D+1]
         self.root_only = self.slots[: plan.size] == 0  # [q] bool
-        self.out_ints = torch.zeros(2 + path_width, dtype=torch.int64, device=device)
-        self.out_floats = torch.full((path_width + 1,), math.nan, dtype=torch.float32,
-                                     device=device)
+        # One buffer, so one host read per step: [length, next token, path tokens (D+1)] as
+        # int64, then the float32 entropies (D+2) in the words after them.
+        self.out, self.out_ints, self.out_floats = _readback_buffer(2 + path_width,
+                                                                    path_width + 1, device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
 
     def readback(self) -> StepReadback:
         """The host's one read of the step's outputs (the only sync of a step)."""
-        ints = self.out_ints.tolist()
-        floats = self.out_floats.tolist() if self.base_entropy or self.prepare_depth else []
+        ints, floats = _read(self.out, len(self.out_ints), len(self.out_floats))
         length = ints[0]
         return StepReadback(
             length=length, next_token=ints[1], path_tokens=ints[2 : 2 + length],
@@ -538,6 +540,24 @@ def padding_note(padded_nodes: Mapping[int, int]) -> str:
     runtime note."""
     summary = padding_summary(dict(padded_nodes))
     return f"; trees verified at padded widths: {summary}" if summary else ""
+
+
+def _readback_buffer(num_ints: int, num_floats: int, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int64 buffer [num_ints + ceil(num_floats / 2)], its int64 view [num_ints] and a
+    float32 view [num_floats] of the words after those (nan-filled): a step writes both, the
+    host copies the one buffer."""
+    buffer = torch.zeros(num_ints + -(-num_floats // 2), dtype=torch.int64, device=device)
+    floats = buffer[num_ints:].view(torch.float32)[:num_floats]
+    floats.fill_(math.nan)
+    return buffer, buffer[:num_ints], floats
+
+
+def _read(buffer: torch.Tensor, num_ints: int, num_floats: int) -> tuple[list[int], list[float]]:
+    """One device-to-host copy of a ``_readback_buffer``: its ints and its floats."""
+    words = buffer.cpu().numpy()
+    return (words[:num_ints].tolist(),
+            words[num_ints:].view(np.float32)[:num_floats].tolist())
 
 
 def _host_ms() -> float:

@@ -14,6 +14,8 @@ from entmtp.calibrate._heads import new_heads
 from entmtp.core import EntmtpError
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
+from entmtp.runtime._static_step import StepOptions
+from entmtp.runtime._validation import runtime_report
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
@@ -361,13 +363,16 @@ class _FakeCuda:
         self.engine = engine
         self.recording = None
         self.captures = 0
+        self.replayed: list[str] = []  # the name of each replayed graph's step
         fake = self
 
         class Graph:
             def __init__(self):
                 self.calls = []
+                self.step = None
 
             def replay(self):
+                fake.replayed.append(self.step)
                 for call in self.calls:
                     call()
 
@@ -401,6 +406,7 @@ class _FakeCuda:
                     original(step, past_len)
                     return
                 fake.recording.calls.append(lambda: original(step, None))
+                fake.recording.step = step.name
                 with _DeviceSyncDetector():  # what a real capture refuses
                     original(step, past_len)
 
@@ -412,7 +418,8 @@ class _FakeCuda:
         monkeypatch.setattr(cuda, "stream", lambda s: nullcontext())
         monkeypatch.setattr(cuda, "current_stream", lambda *a: Stream())
         monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
-        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: 0)
+        # each capture reserves one more MiB
+        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: fake.captures * 2**20)
 
 
 @pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
@@ -432,15 +439,87 @@ def test_graph_bookkeeping_captures_each_step_once_and_replays_it(rt, setup, hea
         (TREES["empty"], TREES["mc_sim_7b_63"])
     schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
     for prompt in PROMPTS:
+        fake.replayed.clear()
         got = decoder.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
         want = eager.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
         _same_run(got, want)
         assert got.tokens == references[tuple(prompt)][:30]
+        # every step replays the graph of its own tree's step; a draft-entropy schedule also
+        # replays the preparation once after the prefill
+        chosen = [engine.step_for(trees[s.tree_index], StepOptions.of(
+            BundleScheduler(schedule), decoder.fuses_empty)).name for s in got.step_log]
+        assert fake.replayed == (["prepare"] if signal == DRAFT_ENTROPY else []) + chosen
     captured = [record.step for record in engine.capture_log]
     assert len(captured) == len(set(captured)) == fake.captures >= 2  # once per step object
+    assert all(r.capture_ms > 0 and r.memory_bytes == 2**20 for r in engine.capture_log)
+    report = runtime_report([decoder], model, engine="auto", graphs=True)
+    assert report["graph_captures"] == len(captured)
+    assert report["capture_ms"] == pytest.approx(sum(r.capture_ms for r in engine.capture_log))
+    assert report["capture_memory_bytes"] == len(captured) * 2**20
+    assert {c["step"] for c in report["captures"] if c["runtime"] == "decoder 0"} == set(captured)
     engine.reserve(engine.capacity + 1)  # a new cache: every graph is captured again
     decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
     assert fake.captures > len(captured)
+
+
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
+               "__index__")
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [
+    ("medusa", None), ("medusa", BASE_ENTROPY), ("hydra", BASE_ENTROPY),
+    ("medusa", DRAFT_ENTROPY), ("hydra", DRAFT_ENTROPY),
+])
+def test_decoding_reads_the_device_once_per_step(rt, setup, head_type, signal, monkeypatch):
+    """Between two steps' callbacks the host copies device data exactly once (the step's
+    readback), whatever the schedule reads: one tree, base entropies or head 1's entropy.
+    A ``numpy()`` after a ``cpu()`` reads the copy, not the device."""
+    model, _ = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    if signal is None:
+        scheduler = StaticScheduler(TREES["deep"])
+    else:
+        trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+            (TREES["empty"], TREES["mc_sim_7b_63"])
+        scheduler = BundleScheduler(_two_tree_schedule(signal, trees, eager, PROMPTS))
+    decoder.generate(torch.tensor(PROMPTS[0]), scheduler, max_new_tokens=30)  # warm
+    reads: list[str] = []
+    for name in _HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if not (_name == "numpy" and self.device.type == "cpu" and reads
+                    and reads[-1] == "cpu"):
+                reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    per_step: list[int] = []
+
+    def on_step(step, tokens) -> None:
+        per_step.append(len(reads))
+        reads.clear()
+
+    result = decoder.generate(torch.tensor(PROMPTS[0]), scheduler, max_new_tokens=30,
+                              on_step=on_step)
+    monkeypatch.undo()
+    assert result.steps > 3 and len(per_step) == result.steps + 1  # + the prefill's
+    assert per_step[1:] == [1] * result.steps
+
+
+def test_the_cache_is_reserved_for_the_context_and_the_widest_step(rt, setup):
+    """Prompt + new tokens + the widest step's cache writes (padded widths included), not
+    merely rounded up to the allocation quantum."""
+    model, _ = setup
+    heads = _noisy_heads(model, "medusa")
+    # 63 nodes: 64 cache writes a step, 80 padded to 79 nodes
+    for padded_nodes, max_context, capacity in (({}, 100, 256), ({63: 79}, 180, 384)):
+        decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full",
+                                     padded_nodes=padded_nodes)
+        decoder.warm_up(StaticScheduler(TREES["mc_sim_7b_63"]), max_context=max_context)
+        assert decoder.static_engine.capacity == capacity
 
 
 def test_warm_up_captures_every_step_before_decoding(rt, setup, monkeypatch):
