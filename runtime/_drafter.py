@@ -56,6 +56,8 @@ class Drafter:
     """
 
     head_type: str = ""
+    # whether ``project_with_base`` exists: the heads can share a plain step's base projection
+    can_fuse_with_base: bool = False
 
     def __init__(self, heads: torch.nn.Module) -> None:
         self.heads = heads
@@ -69,6 +71,21 @@ class Drafter:
 
         Always includes head 1 (for ``first_logits``), also when ``max_depth`` is 0.
         """
+        raise NotImplementedError
+
+    @property
+    def prepared_rows(self) -> int:
+        """Rows of ``prepare``'s logits for the deepest tree the heads can draft: one buffer of
+        that many rows serves every preparation (``prepared_view``)."""
+        raise NotImplementedError
+
+    def prepared_view(self, buffer: torch.Tensor, max_depth: int) -> Prepared:
+        """The ``Prepared`` that ``prepare(_, _, max_depth)`` gives, read from ``buffer``
+        [prepared_rows, V'] into which an earlier preparation's logits were copied."""
+        raise NotImplementedError
+
+    def prepare_depths(self) -> list[int]:
+        """The ``max_depth`` values whose preparations differ in work (the rest repeat one)."""
         raise NotImplementedError
 
     def draft(
@@ -101,11 +118,23 @@ class MedusaDrafter(Drafter):
     """Medusa heads see only the hidden state: one top-k per head serves the whole tree."""
 
     head_type = "medusa"
+    can_fuse_with_base = True
 
     @torch.inference_mode()
     def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
         depth = max(int(max_depth), 1)
         return Prepared(depth, medusa_logits(self.heads, hidden, depth))
+
+    @property
+    def prepared_rows(self) -> int:
+        return self.heads.num_heads  # one projection row per head
+
+    def prepared_view(self, buffer: torch.Tensor, max_depth: int) -> Prepared:
+        depth = max(int(max_depth), 1)
+        return Prepared(depth, buffer[:depth])
+
+    def prepare_depths(self) -> list[int]:
+        return list(range(1, self.heads.num_heads + 1))  # one more row per level
 
     @torch.inference_mode()
     def project_with_base(
@@ -150,6 +179,16 @@ class HydraDrafter(Drafter):
         # The same call as the first level of _draft (one parent: the root).
         logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
         return Prepared(self.heads.num_heads, logits)
+
+    @property
+    def prepared_rows(self) -> int:
+        return 1  # head 1 at the root, whatever the depth
+
+    def prepared_view(self, buffer: torch.Tensor, max_depth: int) -> Prepared:
+        return Prepared(self.heads.num_heads, buffer)
+
+    def prepare_depths(self) -> list[int]:
+        return [self.heads.num_heads]  # head 1 whatever the depth
 
     @torch.inference_mode()
     def _draft(

@@ -311,7 +311,7 @@ class _StepTimer:
         self.trees = trees
         self.decoder = SpeculativeDecoder(model, heads, topk=topk, engine=engine, graphs=graphs)
         self.clock = clock if clock is not None else self.decoder.clock
-        self.draft_depths = _draft_depths(self.decoder)
+        self.draft_depths = self.decoder.drafter.prepare_depths()
         generator = torch.Generator().manual_seed(seed)
         vocab = model.get_output_embeddings().weight.shape[0]
         prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
@@ -393,14 +393,6 @@ class _StepTimer:
         return {"runtime_note": self.decoder.runtime_note, **self.steps.describe()}
 
 
-def _draft_depths(decoder: SpeculativeDecoder) -> list[int]:
-    """Draft depths whose preparation differs: Medusa heads prepare one projection row per
-    level of the schedule's deepest tree, Hydra's preparation is head 1 whatever the depth."""
-    num_heads = decoder.heads.num_heads
-    return list(range(1, num_heads + 1)) if decoder.drafter.head_type == "medusa" \
-        else [num_heads]
-
-
 def fixed_context_steps(
     decoder: SpeculativeDecoder, trees: Sequence[Tree], prompt: torch.Tensor,
     contexts: Sequence[int], *, clock: Any = None,
@@ -411,8 +403,9 @@ def fixed_context_steps(
     ``trees``), ``autoregressive``, and by draft depth ``prepare`` (when ``books_prepare``) and
     ``fused_empty`` (fusing heads). ``clock``: default the decoder's."""
     runner = _StaticSteps if decoder.static_engine is not None else _EagerSteps
-    return runner(decoder, list(trees), [int(c) for c in contexts], _draft_depths(decoder),
-                  prompt, clock if clock is not None else decoder.clock)
+    return runner(decoder, list(trees), [int(c) for c in contexts],
+                  decoder.drafter.prepare_depths(), prompt,
+                  clock if clock is not None else decoder.clock)
 
 
 class _StaticSteps:

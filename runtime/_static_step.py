@@ -61,7 +61,7 @@ from entmtp.calibrate import entropy_from_logits
 from entmtp.core import EntmtpError
 from entmtp.treesearch import Tree, padding_summary
 
-from ._drafter import Drafter, MedusaDrafter, Prepared
+from ._drafter import Drafter
 from ._scheduler import Scheduler
 from ._static_model import StaticLlama, compact_static_cache
 from ._tree_attention import TreePlan, tree_plan
@@ -176,7 +176,7 @@ class StaticEngine:
         if self.prepared is not None:
             return
         heads = self.drafter.heads
-        rows = heads.num_heads if isinstance(self.drafter, MedusaDrafter) else 1
+        rows = self.drafter.prepared_rows
         dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
             else self.dtype
         columns = getattr(heads, "draft_vocab_size", heads.vocab_size)
@@ -361,7 +361,7 @@ class TreeStep:
         if (plan.depth or prepare_depth) and engine.drafter is None:
             raise EntmtpError("a tree with drafted nodes needs draft heads")
         if fuse and (plan.num_nodes or not prepare_depth
-                     or not isinstance(engine.drafter, MedusaDrafter)):
+                     or not engine.drafter.can_fuse_with_base):
             raise EntmtpError("only an empty tree with Medusa heads fuses the next preparation")
         width = plan.size if width is None else int(width)
         if width < plan.size or (width > plan.size and plan.num_nodes == 0):
@@ -410,7 +410,8 @@ class TreeStep:
         engine, plan = self.engine, self.plan
         if plan.depth == 0:
             return engine.pending
-        prepared = _prepared_view(engine, self.prepare_depth) if self.prepare_depth else None
+        prepared = (engine.drafter.prepared_view(engine.prepared, self.prepare_depth)
+                    if self.prepare_depth else None)
         return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
 
     def verify(self, tokens: torch.Tensor, past_len: int | None
@@ -569,14 +570,6 @@ def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tenso
     ``entropy_out`` [1]."""
     prepared = engine.drafter.prepare(engine.pending, engine.hidden, max_depth)
     _store_prepared(engine, prepared.logits, entropy_out)
-
-
-def _prepared_view(engine: StaticEngine, max_depth: int) -> Prepared:
-    """The prepared buffer's rows for trees of depth <= ``max_depth``, as ``prepare`` gives."""
-    if isinstance(engine.drafter, MedusaDrafter):
-        depth = max(int(max_depth), 1)
-        return Prepared(depth, engine.prepared[:depth])
-    return Prepared(engine.drafter.heads.num_heads, engine.prepared)
 
 
 def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: torch.Tensor) -> None:

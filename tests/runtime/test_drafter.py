@@ -82,6 +82,30 @@ def test_prepared_drafting_equals_unprepared(rt, head_type, shared):
             torch.testing.assert_close(prepared.first_logits, head1, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_a_prepared_buffer_serves_every_depth_as_prepare_gives_it(rt, head_type):
+    """What a static engine keeps: one buffer of ``prepared_rows`` rows, into which a
+    preparation for depth d is copied, viewed back as ``prepare(d)``; ``prepare_depths`` lists
+    one depth per distinct preparation."""
+    heads = _noisy_heads(rt.sharp_llama(7), head_type)
+    drafter = TreeDrafter(heads)
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(1, heads.hidden_size, generator=generator)
+    root = torch.tensor([11])
+    distinct = set()
+    with torch.inference_mode():
+        buffer = torch.zeros(drafter.prepared_rows, heads.vocab_size)
+        for depth in range(1, heads.num_heads + 1):
+            prepared = drafter.prepare(root, hidden, depth)
+            buffer[: prepared.logits.shape[0]].copy_(prepared.logits)
+            view = drafter.prepared_view(buffer, depth)
+            assert view.depth == prepared.depth >= depth
+            assert torch.equal(view.logits, prepared.logits)
+            distinct.add((prepared.depth, tuple(prepared.logits.shape)))
+    assert sorted(depth for depth, _ in distinct) == drafter.prepare_depths()
+    assert drafter.can_fuse_with_base == (head_type == "medusa")
+
+
 def test_prepared_medusa_projects_all_heads_once(rt, monkeypatch):
     """Head 1 (for the entropy) and the deeper heads share one vocabulary matmul per step."""
     import entmtp.runtime._drafter as drafter_module
