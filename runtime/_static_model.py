@@ -38,6 +38,8 @@ import torch.nn.functional as F
 
 from entmtp.core import EntmtpError
 
+from ._verify import attention_or_logits_problem
+
 # Model types whose decoder layer is Llama's block (pre-norm attention with RoPE and GQA, gated
 # MLP), and rope types whose inverse frequencies never change with the sequence length.
 STATIC_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -57,6 +59,9 @@ def static_support(model: torch.nn.Module) -> str | None:
     model_type = getattr(text_config, "model_type", None)
     if model_type not in STATIC_MODEL_TYPES:
         return f"model type {model_type!r} is not one of the Llama-family {STATIC_MODEL_TYPES}"
+    problem = attention_or_logits_problem(text_config)
+    if problem is not None:
+        return f"the model {problem}"
     if getattr(text_config, "pretraining_tp", 1) not in (1, None):
         return "pretraining_tp > 1 splits the linears"
     decoder = model.get_decoder()

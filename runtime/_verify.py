@@ -40,7 +40,15 @@ def check_tree_attention_support(model: torch.nn.Module) -> None:
             f"{name} uses attention implementation {implementation!r}, which does not take a "
             f"custom 4D tree mask: load it with attn_implementation='sdpa' or 'eager'"
         )
-    text_config = config.get_text_config(decoder=True)
+    problem = attention_or_logits_problem(config.get_text_config(decoder=True))
+    if problem is not None:
+        raise EntmtpError(f"{name} {problem}")
+
+
+def attention_or_logits_problem(text_config) -> str | None:
+    """Why a model of this (text) config cannot decode trees as plain full attention with
+    lm_head logits (sliding-window or other partial layers, transformed logits); None if it
+    can. Phrased to follow the model's name."""
     layer_types = getattr(text_config, "layer_types", None)
     if layer_types:
         partial_attention = any(t != "full_attention" for t in layer_types)
@@ -49,16 +57,13 @@ def check_tree_attention_support(model: torch.nn.Module) -> None:
             text_config, "use_sliding_window", True
         ) is not False
     if partial_attention:
-        raise EntmtpError(
-            f"{name} has sliding-window or non-full attention layers: tree decoding needs "
-            "full attention in every layer"
-        )
+        return ("has sliding-window or non-full attention layers: tree decoding needs full "
+                "attention in every layer")
     for attribute in LOGIT_TRANSFORMS:
         if getattr(text_config, attribute, None):
-            raise EntmtpError(
-                f"{name} transforms its logits ({attribute}) after the lm_head: tree decoding "
-                "supports plain lm_head logits only"
-            )
+            return (f"transforms its logits ({attribute}) after the lm_head: tree decoding "
+                    "supports plain lm_head logits only")
+    return None
 
 
 def forward_tokens(

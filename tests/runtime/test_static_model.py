@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from entmtp.core import EntmtpError
 from entmtp.runtime._kv_cache import new_cache
 from entmtp.runtime._static_model import (
     GROUPED_KV_WAYS,
@@ -189,6 +190,37 @@ def test_unsupported_models_say_why():
     dynamic = _llama(2, "default")
     dynamic.model.rotary_emb.rope_type = "dynamic"
     assert "dynamic" in static_support(dynamic)
+    capped = _llama(2, "default")
+    capped.config.final_logit_softcapping = 30.0
+    assert "final_logit_softcapping" in static_support(capped)
+
+
+def test_sliding_window_models_are_refused_by_the_static_runtime_itself():
+    """A window shorter than the context changes attention: every entry to the static
+    runtime refuses it (not only the decoder's earlier check); no window, or one switched off,
+    runs."""
+    import transformers
+
+    from entmtp.runtime import autoregressive_engine
+
+    def mistral(**window):
+        config = transformers.MistralConfig(
+            vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, **window)
+        return transformers.MistralForCausalLM(config).eval()
+
+    windowed = mistral(sliding_window=8)
+    assert "sliding-window" in static_support(windowed)
+    with pytest.raises(EntmtpError, match="sliding-window"):
+        StaticLlama(windowed)
+    with pytest.raises(EntmtpError, match="sliding-window"):
+        autoregressive_engine(windowed)
+    assert static_support(mistral(sliding_window=None)) is None
+    qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+        use_sliding_window=False)).eval()
+    assert static_support(qwen) is None
 
 
 def test_compaction_equals_brute_force():
