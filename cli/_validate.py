@@ -26,6 +26,7 @@ from entmtp.runtime import (
     MethodRuns,
     autoregressive_method,
     bundle_topk,
+    capture_line,
     check_replay,
     profile_live_trajectories,
     ratio,
@@ -186,6 +187,9 @@ def validate(
     verdict = "lossless: every output equals autoregressive decoding" if report["lossless"] else (
         f"NOT lossless on {len(differ)} prompt(s): {', '.join(report['not_lossless_prompts'])}")
     console.print(verdict)
+    captures = capture_line(report["runtime"])
+    if captures is not None:
+        console.print(f"[dim]{captures}[/dim]")
     if check_replay:
         console.print(
             f"replay check: {report['steps_equal']}/{report['steps_compared']} steps equal "

@@ -42,6 +42,7 @@ _EXPORTS = {
     "ratio": "._validation",
     "run_side_by_side": "._validation",
     "runtime_report": "._validation",
+    "capture_line": "._validation",
     "speculative_method": "._validation",
     "OracleBound": "._prediction",
     "PredictionCheck": "._prediction",

@@ -230,6 +230,16 @@ def runtime_report(decoders: Sequence[Any], model, *, engine: str, graphs: bool
     }
 
 
+def capture_line(runtime: dict[str, Any]) -> str | None:
+    """One line on a ``runtime_report``'s CUDA graph captures; None when nothing was captured."""
+    count = runtime["graph_captures"]
+    if not count:
+        return None
+    return (f"captured {count} CUDA graph{'s' if count != 1 else ''} in "
+            f"{runtime['capture_ms']:.0f} ms, {runtime['capture_memory_bytes'] / 2**20:.1f} MiB "
+            "of graph memory")
+
+
 def tree_info(tree: Tree) -> dict[str, Any]:
     return {"num_nodes": tree.num_nodes, "depth": tree.depth}
 

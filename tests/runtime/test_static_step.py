@@ -15,7 +15,7 @@ from entmtp.core import EntmtpError
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.runtime._static_step import StepOptions
-from entmtp.runtime._validation import runtime_report
+from entmtp.runtime._validation import capture_line, runtime_report
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
@@ -457,6 +457,10 @@ def test_graph_bookkeeping_captures_each_step_once_and_replays_it(rt, setup, hea
     assert report["capture_ms"] == pytest.approx(sum(r.capture_ms for r in engine.capture_log))
     assert report["capture_memory_bytes"] == len(captured) * 2**20
     assert {c["step"] for c in report["captures"] if c["runtime"] == "decoder 0"} == set(captured)
+    assert capture_line(report) == (
+        f"captured {len(captured)} CUDA graphs in {report['capture_ms']:.0f} ms, "
+        f"{len(captured):.1f} MiB of graph memory")
+    assert capture_line(runtime_report([eager], model, engine="eager", graphs=True)) is None
     engine.reserve(engine.capacity + 1)  # a new cache: every graph is captured again
     decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
     assert fake.captures > len(captured)
