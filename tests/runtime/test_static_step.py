@@ -322,7 +322,11 @@ def test_steps_keep_every_tensor_on_the_models_device(rt, setup, head_type):
         torch.ones(2, device="meta") + torch.ones(2)
 
 
-def test_breakdown_times_phases_and_decodes_the_same(rt, setup):
+def test_breakdown_times_phases_and_decodes_the_same(rt, setup, monkeypatch):
+    """Phases are timed (a sync after each) only when asked for; by default a step runs whole
+    and its launch-to-readback time is logged as verify_ms."""
+    import entmtp.runtime._static_step as static_step
+
     model, references = setup
     heads = _noisy_heads(model, "medusa")
     decoder = SpeculativeDecoder(model, heads, topk=TOPK, breakdown=True)
@@ -331,6 +335,15 @@ def test_breakdown_times_phases_and_decodes_the_same(rt, setup):
     assert result.tokens == references[tuple(PROMPTS[2])][:20]
     assert all(s.draft_ms > 0 and s.verify_ms > 0 and s.bookkeeping_ms >= 0
                for s in result.step_log)
+
+    def no_phase_timing(*args, **kwargs):
+        raise AssertionError("a step was timed phase by phase without breakdown")
+
+    monkeypatch.setattr(static_step.TreeStep, "timed", no_phase_timing)
+    plain = SpeculativeDecoder(model, heads, topk=TOPK).generate(
+        torch.tensor(PROMPTS[2]), StaticScheduler(TREES["deep"]), max_new_tokens=20)
+    assert plain.tokens == result.tokens
+    assert all(s.draft_ms == 0 and s.verify_ms > 0 for s in plain.step_log)
 
 
 def test_unsupported_models_stay_eager_and_say_so(rt):
