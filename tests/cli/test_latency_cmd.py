@@ -114,6 +114,63 @@ def test_latency_engine_eager_times_the_eager_steps(profiler, tiny_model_dir, tm
     assert "eager runtime" in hw["runtime_note"] and "eager runtime" in result.output
 
 
+_MATMUL_LIKE = ("mm", "matmul", "linear", "scaled_dot_product")  # op names (aten, mkldnn)
+
+
+@pytest.mark.parametrize("weights", ["random", "loaded"])
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [("bf16", torch.bfloat16),
+                                                    ("fp16", torch.float16)])
+def test_latency_times_the_model_and_heads_in_the_dtype_given(profiler, tiny_model_dir,
+                                                              tiny_medusa_dir, tmp_path,
+                                                              monkeypatch, weights, dtype,
+                                                              torch_dtype):
+    """--dtype is the precision the steps run in, not only what the file says: the model and
+    heads the profiler gets hold that dtype, and every matrix product and attention of the
+    timed steps (seen by a dispatch mode around each timing) computes in it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import entmtp.runtime._latency_profile as latency_profile
+
+    class ProductDtypes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[torch.dtype] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket)
+            if any(part in name for part in _MATMUL_LIKE) and isinstance(out, torch.Tensor):
+                self.seen.add(out.dtype)
+            return out
+
+    given, products, timings = [], ProductDtypes(), []
+    real_profile, real_time = latency_profile.profile_latency, latency_profile._StepTimer.time
+
+    def spying_profile(model, heads, **options):
+        given.append(({p.dtype for p in model.parameters()}, {p.dtype for p in heads.parameters()}))
+        return real_profile(model, heads, **options)
+
+    def spying_time(timer, key):
+        timings.append(key)
+        with products:
+            return real_time(timer, key)
+
+    monkeypatch.setattr(latency_profile, "profile_latency", spying_profile)
+    monkeypatch.setattr(latency_profile._StepTimer, "time", spying_time)
+    out = tmp_path / "latency.json"
+    source = (["--random-weights", "--head-type", "medusa", "--num-heads", "2"]
+              if weights == "random" else ["--heads", str(tiny_medusa_dir)])
+    result = runner.invoke(app, [*_quick_latency_args(out), "--model", str(tiny_model_dir),
+                                 *source, "--dtype", dtype])
+    assert result.exit_code == 0, result.output
+    assert given == [({torch_dtype}, {torch_dtype})]
+    assert timings and products.seen == {torch_dtype}
+    name = str(torch_dtype).removeprefix("torch.")
+    hw = LatencyModel.load(out).hardware
+    assert hw["dtype"] == name and hw["random_weights"] is (weights == "random")
+    assert f"({name})" in result.output
+
+
 def test_latency_plot_is_written(random_latency):
     _, plot = random_latency
     width, height = _png_size(plot)

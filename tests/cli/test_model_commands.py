@@ -350,6 +350,32 @@ def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_
     assert load_bundle(run / "bundle.json").heads.sha256 == heads_sha256
 
 
+@pytest.mark.parametrize(("options", "engine", "graphs"), [
+    (["--engine", "eager"], "eager", True),
+    (["--engine", "static"], "static", True),
+    (["--no-graphs"], "auto", False),
+    (["--engine", "static", "--no-graphs"], "static", False),
+])
+def test_calibrate_measures_latency_on_the_engine_given(varied, tmp_path, monkeypatch, options,
+                                                        engine, graphs):
+    """--engine and --graphs/--no-graphs reach the latency stage's profiler: the run's latency
+    file times the steps of the runtime the user chose."""
+    import entmtp.runtime._latency_profile as latency_profile
+
+    timed = []
+
+    def fake_profile_latency(model, heads, **kwargs):  # timing is not what is tested here
+        timed.append((kwargs.get("engine", "auto"), kwargs.get("graphs", True)))
+        return LatencyModel.cpu_like()
+
+    monkeypatch.setattr(latency_profile, "profile_latency", fake_profile_latency)
+    result = invoke(["calibrate", *model_args(varied), "--prompts", 3, "--max-new-tokens", 8,
+                     "--schedule-trials", 4, "--validation-folds", 0, *options,
+                     "--out", tmp_path / "run"])
+    assert result.exit_code == 0, result.output
+    assert timed == [(engine, graphs)]
+
+
 def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypatch):
     import entmtp.cli._heads_cmd as heads_cmd
     from entmtp.calibrate._heads import load_heads
@@ -376,6 +402,30 @@ def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypa
     assert (config["training"]["device"], config["training"]["dtype"]) == ("cpu", "bfloat16")
     heads = load_heads(out, load_base_model(varied.model, dtype="bfloat16").model)
     assert heads.num_heads == 2 and heads.sha256() == config["sha256"]
+
+
+def test_heads_train_loads_the_base_on_the_device_given(varied, tmp_path, monkeypatch):
+    """--device reaches the base model's loader. This machine may have no GPU, so the device
+    check lets a CUDA name through and the loader stops the command once it has seen it."""
+    import entmtp.cli._heads_cmd as heads_cmd
+    from entmtp.calibrate import check_device_and_dtype
+    from entmtp.core import EntmtpError
+
+    loads = []
+
+    def stop_at_the_load(model, **kwargs):
+        loads.append(kwargs)
+        raise EntmtpError("stopped at the load")
+
+    monkeypatch.setattr(heads_cmd, "check_device_and_dtype",
+                        lambda device, dtype: (device, check_device_and_dtype("cpu", dtype)[1]))
+    monkeypatch.setattr(heads_cmd, "load_base", stop_at_the_load)
+    result = invoke(["heads", "train", "--type", "medusa", "--model", varied.model, "--data",
+                     varied.data, "--split", "all", "--prompts", 2, "--device", "cuda:1",
+                     "--dtype", "fp16", "--out", tmp_path / "heads"])
+    assert_one_line_error(result, "stopped at the load")
+    assert loads == [{"device": "cuda:1", "dtype": "fp16"}]
+    assert not (tmp_path / "heads").exists()
 
 
 def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
