@@ -53,7 +53,7 @@ from functools import partial
 import torch
 from transformers.cache_utils import DynamicCache
 
-from entmtp.calibrate import entropy_from_logits, greedy_steps
+from entmtp.calibrate import entropy_from_logits
 from entmtp.core import EAGER_ENGINE, ENGINES, STATIC_ENGINE, EntmtpError
 from entmtp.treesearch import Tree
 
@@ -71,6 +71,7 @@ from ._static_step import (
 )
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
+    backbone_forward,
     check_tree_attention_support,
     forward_tokens,
     greedy_accept,
@@ -179,6 +180,28 @@ class DecodingState:
     past_len: int  # tokens in the cache
     pending: int  # the root of the next tree: emitted, not yet cached
     hidden: torch.Tensor  # [1, hidden_size] final-norm hidden state of the last cached position
+
+    @torch.inference_mode()
+    def plain_step(self, model: torch.nn.Module) -> int:
+        """The eager runtime's plain greedy step, which ``autoregressive_generate`` runs and the
+        latency profiler times as ``autoregressive_ms``: caches the pending token and returns
+        the greedy token after it, the new pending token."""
+        device = _model_dtype_device(model)[1]
+        root = torch.tensor([[self.pending]], dtype=torch.int64, device=device)
+        hidden, logits = forward_tokens(model, self.cache, root)
+        self.past_len += 1
+        self.hidden = hidden
+        self.pending = int(logits[-1].argmax())
+        return self.pending
+
+
+def _plain_prefill(model: torch.nn.Module, prompt: torch.Tensor) -> DecodingState:
+    """The state after ``prompt`` [P] with its greedy next token pending (only the last position
+    goes through the lm_head)."""
+    cache = new_cache(model)
+    hidden = backbone_forward(model, cache, prompt.unsqueeze(0))[-1:]
+    pending = int(model.get_output_embeddings()(hidden)[-1].argmax())
+    return DecodingState(cache, int(prompt.numel()), pending, hidden)
 
 
 @dataclass
@@ -573,8 +596,8 @@ def autoregressive_generate(
 
     ``engine``, ``graphs`` and ``window`` as for ``SpeculativeDecoder``: the static runtime runs
     the empty tree's step (the speculative decoder's plain step). Elsewhere (other
-    architectures, ``engine="eager"``) it is the batched greedy loop of profiling and head
-    training (``calibrate._greedy.greedy_steps``) at batch 1, timed step by step. Each step is
+    architectures, ``engine="eager"``) it is the eager runtime's plain step
+    (``DecodingState.plain_step``, what the latency profiler times there). Each step is
     logged with accept length 1 and its whole time (forward, lm_head, argmax) as ``verify_ms``.
     """
     check_tree_attention_support(model)
@@ -591,15 +614,14 @@ def autoregressive_generate(
                                max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
     start = clock.now()
-    steps = greedy_steps(model, [prompt.tolist()])
-    tokens = [int(next(steps).tokens[0])]
+    state = _plain_prefill(model, prompt)
+    tokens = [state.pending]
     prefill_ms = clock.now() - start
     log: list[StepLog] = []
     decode_start = clock.now()
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         t0 = clock.now()
-        tokens.append(int(next(steps).tokens[0]))
+        tokens.append(state.plain_step(model))
         log.append(StepLog(len(tokens) - 2, float("nan"), 0, 0, 0, 1, 0.0, clock.now() - t0, 0.0))
     decode_ms = clock.now() - decode_start
-    steps.close()
     return DecodeResult(tokens, len(log), [1] * len(log), prefill_ms, decode_ms, log)

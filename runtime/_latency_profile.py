@@ -93,7 +93,7 @@ from entmtp.treesearch import LatencyModel, LatencyPoint, Tree, with_padding
 from ._decode import DecodingState, SpeculativeDecoder
 from ._kv_cache import truncate_cache
 from ._static_step import TreeStep
-from ._verify import forward_tokens, greedy_accept
+from ._verify import greedy_accept
 
 DEFAULT_NODE_COUNTS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXT_LENGTHS = (128, 512)
@@ -508,8 +508,9 @@ class _StaticSteps:
 
 
 class _EagerSteps:
-    """The eager runtime's steps (``SpeculativeDecoder.step`` and friends); each context keeps
-    its own prefilled state and cache, cut back after every step."""
+    """The eager runtime's steps (``SpeculativeDecoder.step`` and friends, and
+    ``DecodingState.plain_step`` for the autoregressive one); each context keeps its own
+    prefilled state and cache, cut back after every step."""
 
     books_prepare = True
 
@@ -534,9 +535,7 @@ class _EagerSteps:
                 decoder.commit(state, outcome, outcome.path)
                 entropy_from_logits(outcome.logits[outcome.path]).tolist()
             elif step == "autoregressive":
-                step_input = torch.tensor([[state.pending]], device=decoder.device)
-                _, logits = forward_tokens(decoder.model, state.cache, step_input)
-                int(logits[-1].argmax())
+                state.plain_step(decoder.model)
             elif step == "prepare":  # reads the state only
                 prepared = decoder.prepare(state, index)
                 float(entropy_from_logits(prepared.first_logits))
