@@ -328,6 +328,47 @@ def _step_cost(head_type: str):
     return cost
 
 
+def _priced_schedule(profile, signal: str):
+    """Two drafted trees and the empty one under ``signal`` (a draft-entropy or base-entropy
+    schedule; ``static``: the second tree alone), and the trees the profiler measures."""
+    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
+             Tree.from_paths([[0], [1], [2], [0, 0], [0, 0, 0]]), Tree.from_paths([]))
+    if signal == DRAFT_ENTROPY:
+        schedule = Schedule(trees, _thresholds(profile.draft_entropy()),
+                            EntropyEstimator.last(), DRAFT_ENTROPY)
+    elif signal == "base":
+        schedule = Schedule(trees, _thresholds(profile.entropy()), EntropyEstimator.last())
+    else:
+        schedule = trees[1]
+    return schedule, trees[:2]
+
+
+def _assert_live_steps_are_priced(profile, schedule, latency, decoder, base, prompts, *,
+                                  engine: str) -> set[int]:
+    """Every live step's time is the replay's modelled time of that step under ``latency``,
+    and autoregressive decoding on ``engine`` takes the model's autoregressive_ms per token;
+    returns the tree indices the live steps used."""
+    replayed = replay(profile, schedule, latency)
+    scheduler = (StaticScheduler(schedule) if isinstance(schedule, Tree)
+                 else BundleScheduler(schedule))
+    used = set()
+    for trace_index, trace in enumerate(profile.traces):
+        ids = base.encode_task_prompt(prompts[trace.prompt_index])
+        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
+                                eos_token_ids=base.eos_token_ids)
+        mine = replayed.step_trace == trace_index
+        assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
+        np.testing.assert_allclose([s.step_ms for s in live.step_log], replayed.step_ms[mine],
+                                   rtol=1e-9)
+        assert live.decode_ms == pytest.approx(replayed.traces[trace_index].time_ms, rel=1e-9)
+        used.update(s.tree_index for s in live.step_log)
+        plain = autoregressive_generate(base.model, ids, max_new_tokens=MAX_NEW,
+                                        eos_token_ids=base.eos_token_ids, engine=engine)
+        assert plain.decode_ms == pytest.approx(replayed.traces[trace_index].autoregressive_ms,
+                                                rel=1e-9)
+    return used
+
+
 @pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
                                                    ("hydra", DRAFT_ENTROPY),
                                                    ("medusa", "base"), ("hydra", "static")])
@@ -361,38 +402,121 @@ def test_the_profiled_latency_prices_every_static_engine_step_as_the_replay_book
     heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
     profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
                               batch_size=2)
-    empty = Tree.from_paths([])
-    trees = (Tree.from_paths([[0], [0, 0], [0, 0, 0], [1], [0, 1]]),
-             Tree.from_paths([[0], [1], [2], [0, 0], [0, 0, 0]]), empty)
-    if signal == DRAFT_ENTROPY:
-        schedule = Schedule(trees, _thresholds(profile.draft_entropy()),
-                            EntropyEstimator.last(), DRAFT_ENTROPY)
-    elif signal == "base":
-        schedule = Schedule(trees, _thresholds(profile.entropy()), EntropyEstimator.last())
-    else:
-        schedule = trees[1]
+    schedule, measured = _priced_schedule(profile, signal)
     latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
                               context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
-                              trees=trees[:2], remeasure=0, clock=clock)
+                              trees=measured, remeasure=0, clock=clock)
     assert latency.hardware["engine"] == "static"
     assert (latency.fused_empty_ms is not None) == (head_type == "medusa")
-    replayed = replay(profile, schedule, latency)
     decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
-    scheduler = StaticScheduler(schedule) if signal == "static" else BundleScheduler(schedule)
-    used = set()
-    for trace_index, trace in enumerate(profile.traces):
-        ids = base.encode_task_prompt(prompts[trace.prompt_index])
-        live = decoder.generate(ids, scheduler, max_new_tokens=MAX_NEW,
-                                eos_token_ids=base.eos_token_ids)
-        mine = replayed.step_trace == trace_index
-        assert [s.tree_index for s in live.step_log] == replayed.step_tree[mine].tolist()
-        np.testing.assert_allclose([s.step_ms for s in live.step_log], replayed.step_ms[mine],
-                                   rtol=1e-9)
-        assert live.decode_ms == pytest.approx(replayed.traces[trace_index].time_ms, rel=1e-9)
-        used.update(s.tree_index for s in live.step_log)
-        plain = autoregressive_generate(base.model, ids, max_new_tokens=MAX_NEW,
-                                        eos_token_ids=base.eos_token_ids)
-        assert plain.decode_ms == pytest.approx(replayed.traces[trace_index].autoregressive_ms,
-                                                rel=1e-9)
+    used = _assert_live_steps_are_priced(profile, schedule, latency, decoder, base, prompts,
+                                         engine="auto")
+    if signal != "static":
+        assert used == {0, 1, 2}  # empty-tree steps after drafted and empty ones were priced
+
+
+def _eager_step_cost(head_type: str) -> dict:
+    """ms of each eager step call, by kind, built from its work as ``_step_cost`` builds a
+    static step's: ``plain`` (``DecodingState.plain_step``) 9, cheaper than the empty tree's
+    step (10, and 0.5 to commit), so that one cannot stand in for the other; ``step`` 10 + 1
+    per node + 0.5 per level, Hydra's levels after the first 0.4 each, and the heads' first
+    results when nothing was prepared; ``prepare`` those results (Medusa 0.3 + 0.2 per row,
+    Hydra head 1, 0.3); ``fused`` (the empty step that also prepares) 10 + 0.2 per head row;
+    ``commit`` 0.5. Entropies cost nothing (as in ``_step_cost``)."""
+
+    def heads(depth: int) -> float:
+        return 0.3 + 0.2 * depth if head_type == "medusa" else 0.3
+
+    def step(plan, prepared) -> float:
+        ms = 10.0 + plan.num_nodes + 0.5 * plan.depth
+        if head_type == "hydra":
+            ms += 0.4 * max(plan.depth - 1, 0)
+        if plan.depth and prepared is None:
+            ms += heads(plan.depth)
+        return ms
+
+    return {"plain": 9.0, "step": step, "prepare": heads,
+            "fused": lambda depth: 10.0 + 0.2 * depth, "commit": 0.5}
+
+
+def _charge_eager_steps(monkeypatch, clock: _CostClock) -> None:
+    """Move ``clock`` by ``clock.cost`` in every call of the eager runtime's step functions
+    (the ones generation, the autoregressive baseline and the profiler share), and make the
+    decoder's own clock read it. A tree step times itself, so its cost is charged in its
+    ``accept``, which it runs inside that timing."""
+    import types
+
+    import entmtp.runtime._decode as decode
+
+    cost = clock.cost
+
+    def charging(accept, ms: float):
+        def charged(*args):
+            clock.ms += ms
+            return accept(*args)
+
+        return charged
+
+    step, fused = SpeculativeDecoder.step, SpeculativeDecoder.fused_empty_step
+    prepare, commit = SpeculativeDecoder.prepare, SpeculativeDecoder.commit
+    plain_step = decode.DecodingState.plain_step
+
+    def priced_step(self, state, plan, accept, prepared=None):
+        return step(self, state, plan, charging(accept, cost["step"](plan, prepared)), prepared)
+
+    def priced_fused(self, state, plan, accept, max_depth):
+        return fused(self, state, plan, charging(accept, cost["fused"](max_depth)), max_depth)
+
+    def priced_prepare(self, state, max_depth):
+        clock.ms += cost["prepare"](max_depth)
+        return prepare(self, state, max_depth)
+
+    def priced_commit(state, outcome, path):
+        clock.ms += cost["commit"]
+        commit(state, outcome, path)
+
+    def priced_plain_step(state, model):
+        clock.ms += cost["plain"]
+        return plain_step(state, model)
+
+    monkeypatch.setattr(SpeculativeDecoder, "step", priced_step)
+    monkeypatch.setattr(SpeculativeDecoder, "fused_empty_step", priced_fused)
+    monkeypatch.setattr(SpeculativeDecoder, "prepare", priced_prepare)
+    monkeypatch.setattr(SpeculativeDecoder, "commit", staticmethod(priced_commit))
+    monkeypatch.setattr(decode.DecodingState, "plain_step", priced_plain_step)
+    monkeypatch.setattr(decode, "time",
+                        types.SimpleNamespace(perf_counter=lambda: clock.ms / 1000.0))
+
+
+@pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
+                                                   ("hydra", DRAFT_ENTROPY),
+                                                   ("hydra", "base"), ("medusa", "static")])
+def test_the_profiled_eager_latency_prices_every_eager_step_as_the_replay_books_it(
+        rt, monkeypatch, head_type, signal):
+    """The eager counterpart: the profiler (engine="eager") times the eager runtime's own step
+    functions and the replay charges them as ``EAGER_BOOKING`` says; with a clock that moves by
+    each step call's cost, every live eager step's time equals the replay's modelled time of
+    that step, for draft-entropy schedules with the empty tree (Medusa: fused, prepared before
+    the choice otherwise; Hydra: prepared before the choice), a base-entropy schedule and a
+    static tree; eager autoregressive decoding takes the model's autoregressive_ms per token."""
+    from entmtp.runtime._latency_profile import profile_latency
+
+    clock = _CostClock(_eager_step_cost(head_type))
+    _charge_eager_steps(monkeypatch, clock)
+    base = _base(rt)
+    prompts = _prompts()
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    schedule, measured = _priced_schedule(profile, signal)
+    latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
+                              context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
+                              trees=measured, remeasure=0, clock=clock, engine="eager")
+    assert latency.hardware["engine"] == "eager"
+    assert latency.autoregressive_ms == pytest.approx(9.0)  # the plain step, not the empty tree's
+    assert (latency.fused_empty_ms is not None) == (head_type == "medusa")
+    decoder = SpeculativeDecoder(base.model, heads, topk=TOPK, engine="eager")
+    used = _assert_live_steps_are_priced(profile, schedule, latency, decoder, base, prompts,
+                                         engine="eager")
     if signal != "static":
         assert used == {0, 1, 2}  # empty-tree steps after drafted and empty ones were priced
