@@ -195,13 +195,19 @@ class DecodingState:
         return self.pending
 
 
-def _plain_prefill(model: torch.nn.Module, prompt: torch.Tensor) -> DecodingState:
-    """The state after ``prompt`` [P] with its greedy next token pending (only the last position
-    goes through the lm_head)."""
+def _greedy_choice(logits: torch.Tensor) -> int:
+    return int(logits.argmax())
+
+
+def eager_prefill(model: torch.nn.Module, prompt: torch.Tensor,
+                  choose: Callable[[torch.Tensor], int]) -> tuple[DecodingState, torch.Tensor]:
+    """The eager state after ``prompt`` [P] and its last logits [V] (only the last position goes
+    through the lm_head); ``choose(last_logits)`` picks the pending token."""
     cache = new_cache(model)
     hidden = backbone_forward(model, cache, prompt.unsqueeze(0))[-1:]
-    pending = int(model.get_output_embeddings()(hidden)[-1].argmax())
-    return DecodingState(cache, int(prompt.numel()), pending, hidden)
+    check_cache(cache)
+    logits = model.get_output_embeddings()(hidden)[-1]
+    return DecodingState(cache, int(prompt.numel()), choose(logits), hidden), logits
 
 
 @dataclass
@@ -315,12 +321,7 @@ class SpeculativeDecoder:
 
         Returns the state and the prompt's last logits [vocab].
         """
-        prompt = _as_prompt(input_ids, self.device)
-        cache = new_cache(self.model)
-        hidden, logits = forward_tokens(self.model, cache, prompt.unsqueeze(0))
-        check_cache(cache)
-        state = DecodingState(cache, int(prompt.numel()), choose(logits[-1]), hidden[-1:])
-        return state, logits[-1]
+        return eager_prefill(self.model, _as_prompt(input_ids, self.device), choose)
 
     @torch.inference_mode()
     def prepare(self, state: DecodingState, max_depth: int) -> Prepared:
@@ -614,7 +615,7 @@ def autoregressive_generate(
                                max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
     start = clock.now()
-    state = _plain_prefill(model, prompt)
+    state, _ = eager_prefill(model, prompt, _greedy_choice)
     tokens = [state.pending]
     prefill_ms = clock.now() - start
     log: list[StepLog] = []
