@@ -43,7 +43,8 @@ def ratio_with_interval(value: float | None, interval: list[float] | None) -> st
 
 def missed_targets(prediction: dict[str, Any]) -> str:
     """The targets (``bench/targets.py``, given to ``entmtp bench --targets``) this bundle
-    missed, by key; "not checked" for a report made without targets."""
+    missed on the report's task, by name (``Target.name``; n/a ones are not missed); "not
+    checked" for a report made without targets."""
     if not prediction["targets"]:
         return "not checked"
     missed = [key for key, check in prediction["targets"].items() if check["pass"] is False]

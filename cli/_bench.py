@@ -79,7 +79,8 @@ from .app import app
 
 def load_targets(path: Path) -> tuple[Any, ...]:
     """``TARGETS`` of a targets file (``bench/targets.py``): each with ``key`` (a field of the
-    prediction check), ``label``, ``at_least``, ``within``, ``passes(value)`` and ``goal()``."""
+    prediction check), ``name`` (its own), ``label``, ``at_least``, ``within``,
+    ``verdict(task, prediction)`` and ``goal()``."""
     spec = importlib.util.spec_from_file_location("entmtp_bench_targets", path)
     if not Path(path).is_file():
         raise EntmtpError(f"--targets {path}: no such file; pass bench/targets.py or a file "
@@ -103,18 +104,20 @@ def load_targets(path: Path) -> tuple[Any, ...]:
             raise EntmtpError(f"--targets {path}: target {getattr(target, 'key', target)!r} is "
                               f"not a field of the prediction check; use one of "
                               f"{', '.join(known)}")
+    names = [target.name for target in targets]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:  # one verdict would hide the other's
+        raise EntmtpError(f"--targets {path}: two targets are named {repeated!r}: give them "
+                          "different tasks")
     return targets
 
 
-def target_checks(targets: Sequence[Any], prediction: dict[str, Any]) -> dict[str, Any]:
-    """Each target's value in a prediction check's JSON, its goal and PASS / MISS (None: n/a,
-    also where the prediction flag a target names as ``not_applicable_when`` is set)."""
-    def verdict(target: Any) -> bool | None:
-        flag = getattr(target, "not_applicable_when", None)
-        return None if flag and prediction.get(flag) else target.passes(prediction[target.key])
-
-    return {t.key: {"value": prediction[t.key], "goal": t.goal(), "pass": verdict(t)}
-            for t in targets}
+def target_checks(targets: Sequence[Any], prediction: dict[str, Any],
+                  task: str) -> dict[str, Any]:
+    """By target name: its value in a prediction check's JSON, its goal and PASS / MISS on this
+    task (None: n/a, where not measured or not a target of this task or bundle)."""
+    return {t.name: {"value": prediction[t.key], "goal": t.goal(),
+                     "pass": t.verdict(task, prediction)} for t in targets}
 
 
 # -- bundles, their rows and threads ----------------------------------------------------------
@@ -316,10 +319,11 @@ def _step_time_table(predictions: Sequence[PredictionCheck]) -> Table | None:
 
 
 def target_line(targets: Sequence[Any], prediction: dict[str, Any]) -> str:
-    """One line per bundle: each target's value and PASS / MISS (n/a: not measurable)."""
+    """One line per bundle: each target's value and PASS / MISS (n/a: not measured, or not
+    this task's or bundle's target)."""
     parts = []
     for target in targets:
-        check = prediction["targets"][target.key]
+        check = prediction["targets"][target.name]
         value = check["value"]
         if target.at_least is None and target.within is None:
             shown = ""
@@ -440,7 +444,7 @@ def bench(
               for arm in arms}
     predictions = {kind: check.to_json() for kind, check in checks.items()}
     for prediction in predictions.values():
-        prediction["targets"] = target_checks(targets, prediction)
+        prediction["targets"] = target_checks(targets, prediction, task_name)
     oracles = [check.oracle for check in checks.values()]
     title = f"bench: {len(encoded)} {split} prompts of {task_name}, {max_new_tokens} new tokens"
     console.print(_table(rows, oracles, title))
@@ -473,7 +477,7 @@ def bench(
         "runtime": runtime_report(decoders, base.model, engine=engine, graphs=graphs),
         "command": command_line(),
         "rate_definition": RATE_DEFINITION,
-        "targets": {t.key: t.goal() for t in targets},
+        "targets": {t.name: t.goal() for t in targets},
         "rows": rows,
         "predictions": predictions,
     }

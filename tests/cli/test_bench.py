@@ -204,21 +204,31 @@ def test_two_bundles_give_per_type_rows_ratios_and_prediction_checks(two, spy, t
             assert t["measured_iqr_ms"] >= 0
         assert p[f"speedup_vs_{HYDRA_REF}"] == row["speedup"][HYDRA_REF]
         assert p[f"speedup_vs_{MEDUSA_REF}"] == row["speedup"][MEDUSA_REF]
-        assert list(p["targets"]) == [t.key for t in TARGETS]
+        assert list(p["targets"]) == [t.name for t in TARGETS]
         for target in TARGETS:
-            check = p["targets"][target.key]
+            check = p["targets"][target.name]
             assert check["value"] == p[target.key]
-            not_applicable = bool(target.not_applicable_when
-                                  and p[target.not_applicable_when])
-            assert check["pass"] is (None if not_applicable else target.passes(p[target.key]))
-            assert check["pass"] is not None or (
-                target.key in ("fraction_of_oracle", "speedup_vs_best_static") and distinct == 1)
+            assert check["pass"] is target.verdict(report["task"], p)
+        # judged against its own head type's heads with mc_sim_7b_63 only, and against
+        # autoregressive decoding by the target of the bench's task only
+        other = "hydra" if kind == "medusa" else "medusa"
+        own_ref, other_ref = f"speedup_vs_{kind}-mc_sim_7b_63", f"speedup_vs_{other}-mc_sim_7b_63"
+        assert p["targets"][own_ref]["pass"] is (p[own_ref] >= {"medusa": 1.36,
+                                                                 "hydra": 1.15}[kind])
+        assert p["targets"][other_ref]["pass"] is None and p[other_ref] is not None
+        assert report["task"] == "code"
+        ar = p["speedup_vs_autoregressive"]
+        assert p["targets"]["speedup_vs_autoregressive@code"]["pass"] is (ar >= 1.25)
+        assert p["targets"]["speedup_vs_autoregressive@math"]["pass"] is None
+        one_tree = {"speedup_vs_best_static", "fraction_of_oracle"} if distinct == 1 else set()
+        assert {name for name, check in p["targets"].items() if check["pass"] is None} == {
+            other_ref, "speedup_vs_autoregressive@math", *one_tree}
         assert p["schedule_is_best_static"] is (distinct == 1)
         assert p["targets"]["accept_length_ratio"]["pass"] is True
         assert p["targets"]["lossless"]["pass"] is True
         line = next(li for li in result.output.splitlines() if li.startswith(f"entmtp[{kind}]:"))
         verdicts = [w for w in line.replace(",", " ").split() if w in ("PASS", "MISS", "n/a")]
-        assert verdicts == [{True: "PASS", False: "MISS", None: "n/a"}[p["targets"][t.key]["pass"]]
+        assert verdicts == [{True: "PASS", False: "MISS", None: "n/a"}[p["targets"][t.name]["pass"]]
                             for t in TARGETS]
     assert "oracle" not in report  # one per head type: predictions[type]["oracle"]
 
@@ -248,10 +258,12 @@ def test_one_bundle_keeps_the_plain_row_names(two, spy, tmp_path):
     out = tmp_path / "bench.json"
     torch.set_num_threads(2)
     result = invoke(["bench", "--model", two.model, "--heads", two.hydra_heads, "--data",
-                     two.data, "--split", "all", "--bundle", untimed, "--prompts", 2,
-                     "--max-new-tokens", 6, "--json", out, "--targets", TARGETS_FILE])
+                     two.data, "--task", "math", "--split", "all", "--bundle", untimed,
+                     "--prompts", 2, "--max-new-tokens", 6, "--json", out, "--targets",
+                     TARGETS_FILE])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
+    assert report["task"] == "math"
     rows = {row["name"]: row for row in report["rows"]}
     assert list(rows) == [AR, HYDRA_REF, "best-static", "entmtp"]
     assert rows["entmtp"]["heads"] == "hydra"
@@ -263,6 +275,10 @@ def test_one_bundle_keeps_the_plain_row_names(two, spy, tmp_path):
     assert p["oracle"]["source"] == "bundle prediction"
     for key in ("tokens_per_second_ratio", "fraction_of_oracle", f"speedup_vs_{MEDUSA_REF}"):
         assert p["targets"][key]["pass"] is None, key
+    # --task math labels the prompts: the math target against autoregressive decoding holds
+    assert p["targets"]["speedup_vs_autoregressive@math"]["pass"] is (
+        p["speedup_vs_autoregressive"] >= 1.5)
+    assert p["targets"]["speedup_vs_autoregressive@code"]["pass"] is None
     line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
     assert "tok/s meas/replay - n/a" in line and "accept meas/replay 1.000 PASS" in line
     assert report["threads"]["torch_threads"] == BUNDLE_THREADS == spy.threads[0]
@@ -364,19 +380,29 @@ def test_a_bad_targets_file_is_a_one_line_error_before_any_decoding(two, spy, tm
     typo.write_text(TARGETS_FILE.read_text().replace('"fraction_of_oracle", "of oracle"',
                                                      '"fraction_of_orcale", "of oracle"'))
     assert_one_line_error(invoke([*args, typo]), "fraction_of_orcale", "not a field")
+    twice = tmp_path / "twice.py"
+    twice.write_text(TARGETS_FILE.read_text().replace('tasks=("math",)', 'tasks=("code",)'))
+    assert_one_line_error(invoke([*args, twice]), "speedup_vs_autoregressive@code",
+                          "different tasks")
     assert spy.threads == []
 
 
 def test_targets_are_the_issues_and_pass_as_stated():
-    goals = {t.key: (t.at_least, t.within) for t in TARGETS}
+    goals = {t.name: (t.key, t.at_least, t.within, t.tasks, t.heads) for t in TARGETS}
     assert goals == {
-        "speedup_vs_hydra-mc_sim_7b_63": (1.15, None),
-        "speedup_vs_medusa-mc_sim_7b_63": (1.36, None),
-        "speedup_vs_best_static": (1.0, None),
-        "fraction_of_oracle": (0.90, None),
-        "accept_length_ratio": (None, 0.01),
-        "tokens_per_second_ratio": (None, 0.10),
-        "lossless": (None, None),
+        "speedup_vs_hydra-mc_sim_7b_63": ("speedup_vs_hydra-mc_sim_7b_63", 1.15, None, None,
+                                          "hydra"),
+        "speedup_vs_medusa-mc_sim_7b_63": ("speedup_vs_medusa-mc_sim_7b_63", 1.36, None, None,
+                                           "medusa"),
+        "speedup_vs_best_static": ("speedup_vs_best_static", 1.0, None, None, None),
+        "speedup_vs_autoregressive@math": ("speedup_vs_autoregressive", 1.5, None, ("math",),
+                                           None),
+        "speedup_vs_autoregressive@code": ("speedup_vs_autoregressive", 1.25, None, ("code",),
+                                           None),
+        "fraction_of_oracle": ("fraction_of_oracle", 0.90, None, None, None),
+        "accept_length_ratio": ("accept_length_ratio", None, 0.01, None, None),
+        "tokens_per_second_ratio": ("tokens_per_second_ratio", None, 0.10, None, None),
+        "lossless": ("lossless", None, None, None, None),
     }
     at_least, within, flag = Target("a", "a", at_least=1.15), Target("b", "b", within=0.1), \
         Target("c", "c")
