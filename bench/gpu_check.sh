@@ -2,10 +2,12 @@
 # The GPU check of the static-shape / CUDA-graph runtime, in one prepared script.
 #
 # On a GPU machine it (a) measures the latency curves of both head types with the graph runtime
-# (bf16, 0..256 nodes, interleaved rounds), (b) retargets the eight calibration profiles to them,
-# (c) benches all four tasks x both head types live in bf16 with graphs (autoregressive, Medusa
-# and Hydra with mc_sim_7b_63, best static, bundle), and leaves everything in one archive under
-# $OUT (the device tool returns at most 8 files).
+# (bf16, 0..256 nodes, interleaved rounds; JSON and one PNG of both), (b) retargets the eight
+# calibration profiles to them, (c) benches all four tasks x both head types live in bf16 with
+# graphs (autoregressive, Medusa and Hydra with mc_sim_7b_63, best static, bundle; JSON and PNG
+# each, bench/summary.txt the prompts each ran, bench/table.md the results table with the targets
+# missed), and leaves everything in one archive under $OUT (the device tool returns at most 8
+# files).
 #
 # The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
 # checkout (tracked and untracked-not-ignored files, ~51 MB, 43 MB of it the heads folders), so
@@ -51,6 +53,7 @@ NODE_COUNTS=${NODE_COUNTS:-0,1,2,3,4,5,6,7,8,10,12,14,16,20,24,32,48,64,80,96,12
 CONTEXT_LENGTHS=${CONTEXT_LENGTHS:-512}
 REPEATS=${REPEATS:-10}
 PROMPTS=${PROMPTS:-10}
+MIN_PROMPTS=10  # the issue's held-out prompts per bench: fewer is said in bench/summary.txt
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
@@ -280,6 +283,33 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "transformer
       transformers.__version__)' | tee "$results/versions.txt"
 }
 
+plot_curves() {
+    # both head types' curves in one figure, beside their JSON
+    local curves=() type limit
+    for type in $HEAD_TYPES; do
+        [[ -f $results/latency/$type.json ]] && curves+=("$results/latency/$type.json")
+    done
+    (( ${#curves[@]} > 0 )) || return 0
+    limit=$(stage_limit 60)
+    (( limit > 0 )) || { echo "latency plot: skipped, out of time" >&2; return 0; }
+    timeout "$limit" "${ENTMTP[@]}" plot-latency "${curves[@]}" \
+        --out "$results/latency/curves.png" || echo "latency plot: failed" >&2
+}
+
+bench_summary() {
+    # $1: a task, $2: its bench's JSON (absent: skipped or failed) -> one line in
+    # bench/summary.txt with the prompts it ran; printed too when fewer than MIN_PROMPTS
+    local ran line
+    if [[ -f $2 ]] && ran=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["prompts"])' "$2"); then
+        line="bench $1: $ran held-out prompts x $MAX_NEW_TOKENS new tokens"
+    else
+        ran=0 line="bench $1: no report (skipped or failed): 0 prompts"
+    fi
+    (( ran >= MIN_PROMPTS )) || line+=", fewer than the $MIN_PROMPTS the issue asks for"
+    echo "$line" >> "$results/bench/summary.txt"
+    (( ran >= MIN_PROMPTS )) || echo "$line" >&2
+}
+
 model_free_stages() {
     # (a) latency curves of the graph runtime's own steps (random weights: no model file
     # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
@@ -298,6 +328,7 @@ model_free_stages() {
             || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
         echo "latency $type: $((SECONDS - start)) s"
     done
+    plot_curves
     # (b) the eight calibration profiles searched again under those curves (in parallel: the
     # search is single-threaded and the GPU machine has 16 cores)
     for task in $TASKS; do for type in $HEAD_TYPES; do
@@ -453,11 +484,11 @@ run)
         done
         start=$SECONDS
         limit=$(stage_limit 200)
-        (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; continue; }
+        (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
         prompts=$PROMPTS
         if (( per_prompt > 0 && per_prompt * PROMPTS > limit - 10 )); then
             prompts=$(( (limit - 10) / per_prompt ))
-            (( prompts >= 2 )) || { status=124; echo "bench $task: skipped, out of time" >&2; continue; }
+            (( prompts >= 2 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
             echo "bench $task: $prompts prompts, not $PROMPTS, to finish in the $limit s left" >&2
         fi
         timeout "$limit" "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
@@ -466,8 +497,13 @@ run)
             --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
             --targets bench/targets.py || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
         echo "bench $task: $((SECONDS - start)) s"
+        bench_summary "$task" "$results/bench/$task.json"
         per_prompt=$(( (SECONDS - start + prompts - 1) / prompts ))  # rounded up
     done
+    if compgen -G "$results/bench/*.json" > /dev/null; then
+        "$PY" bench/results_table.py "$results"/bench/*.json > "$results/bench/table.md" \
+            || echo "results table: failed" >&2
+    fi
     # (d) where bf16 output departs from plain greedy decoding in bf16, and why (top-2 margins)
     lp_bundles=()
     for task in $TASKS; do for type in $HEAD_TYPES; do
