@@ -35,6 +35,7 @@ from entmtp.runtime import (
     bench_methods,
     bench_rows,
     bundle_prediction,
+    capture_line,
     profile_per_head_set,
     run_side_by_side,
     runtime_report,
@@ -481,6 +482,9 @@ def bench(
         "rows": rows,
         "predictions": predictions,
     }
+    captures = capture_line(report["runtime"])
+    if captures is not None:
+        console.print(f"[dim]{captures}[/dim]")
     with all_or_none():  # --json and --plot, or neither
         write_json(json_path, report, console)
         if plot is not None:
