@@ -1,9 +1,16 @@
 """Greedy decoding in low precision: every departure from plain greedy decoding in the same
-dtype is a near-tie of the plain decoder's top logits; a clear choice is flagged."""
+dtype is a near-tie of the plain decoder's top logits; a clear choice is flagged.
+
+Covered: Medusa and Hydra heads, the reference tree mc_sim_7b_63 and the largest tree of the
+shipped bundles of each head type (128 nodes, depth 4), the static and the eager engine.
+"""
 
 from __future__ import annotations
 
 import math
+from functools import cache
+from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +26,7 @@ from entmtp.runtime._departures import (
     first_departure,
     plain_greedy_logits,
 )
-from entmtp.treesearch._run import reference_tree
+from entmtp.treesearch import Tree, load_bundle, reference_tree
 from support import make_tiny_llama
 
 VOCAB = 128
@@ -42,11 +49,31 @@ def prompts(seed: int) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (6,), generator=generator).tolist() for _ in range(PROMPTS)]
 
 
-def departures(seed: int, dtype: torch.dtype) -> list:
+@cache
+def largest_shipped_tree(head_type: str) -> Tree:
+    """The largest (then deepest) tree of the shipped bundles for ``head_type`` heads."""
+    folder = Path(str(resources.files("entmtp.trees").joinpath("bundles")))
+    trees = [tree for path in sorted(folder.glob(f"*-{head_type}-*.json"))
+             for tree in load_bundle(path).trees]
+    return max(trees, key=lambda tree: (tree.num_nodes, tree.depth))
+
+
+def test_the_largest_shipped_trees_are_large():
+    for head_type in ("medusa", "hydra"):
+        tree = largest_shipped_tree(head_type)
+        assert tree.num_nodes >= 120 and tree.depth == 4
+
+
+def departures(seed: int, dtype: torch.dtype, *, head_type: str = "medusa",
+               tree: str = "mc_sim_7b_63", engine: str = "auto") -> list:
+    """First departures of tree decoding (``tree``: the reference tree or ``largest``, the
+    largest shipped tree of ``head_type``; ``engine``: auto = static, or eager) from plain
+    greedy decoding, over the prompts of ``seed``."""
     model = varied_llama(seed, dtype)
-    heads = new_heads(model, head_type="medusa", num_heads=4, seed=seed)
-    decoder = SpeculativeDecoder(model, heads, topk=10)
-    tree = reference_tree("mc_sim_7b_63")
+    heads = new_heads(model, head_type=head_type, num_heads=4, seed=seed)
+    decoder = SpeculativeDecoder(model, heads, topk=10, engine=engine)
+    assert (decoder.static_engine is None) == (engine == "eager")
+    tree = largest_shipped_tree(head_type) if tree == "largest" else reference_tree(tree)
     found = []
     for prompt in prompts(seed):
         decoded = decoder.generate(prompt, StaticScheduler(tree), max_new_tokens=MAX_NEW_TOKENS)
@@ -57,10 +84,18 @@ def departures(seed: int, dtype: torch.dtype) -> list:
     return found
 
 
-@pytest.mark.parametrize(("seed", "dtype"), [(0, torch.bfloat16), (2, torch.bfloat16),
-                                           (0, torch.float16)])
-def test_every_low_precision_departure_is_a_near_tie(seed, dtype):
-    found = departures(seed, dtype)
+@pytest.mark.parametrize(("seed", "dtype", "head_type", "tree", "engine"), [
+    (0, torch.bfloat16, "medusa", "mc_sim_7b_63", "auto"),
+    (2, torch.bfloat16, "medusa", "mc_sim_7b_63", "auto"),
+    (0, torch.float16, "medusa", "mc_sim_7b_63", "auto"),
+    (1, torch.bfloat16, "hydra", "mc_sim_7b_63", "auto"),
+    (2, torch.bfloat16, "medusa", "largest", "eager"),
+    (0, torch.bfloat16, "hydra", "largest", "auto"),
+    (1, torch.bfloat16, "hydra", "largest", "eager"),
+    (0, torch.float16, "hydra", "largest", "eager"),
+])
+def test_every_low_precision_departure_is_a_near_tie(seed, dtype, head_type, tree, engine):
+    found = departures(seed, dtype, head_type=head_type, tree=tree, engine=engine)
     assert found, "no departure on these prompts: the test would check nothing"
     for departure in found:
         assert departure.dtype == str(dtype).removeprefix("torch.")
@@ -69,8 +104,12 @@ def test_every_low_precision_departure_is_a_near_tie(seed, dtype):
         assert departure.near_tie
 
 
-def test_fp32_decoding_never_departs():
-    assert departures(0, torch.float32) == []
+@pytest.mark.parametrize(("head_type", "tree", "engine"), [
+    ("medusa", "mc_sim_7b_63", "auto"), ("hydra", "largest", "auto"),
+    ("medusa", "largest", "eager"),
+])
+def test_fp32_decoding_never_departs(head_type, tree, engine):
+    assert departures(0, torch.float32, head_type=head_type, tree=tree, engine=engine) == []
 
 
 def test_a_departure_from_a_clear_choice_is_flagged():
