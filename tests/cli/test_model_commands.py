@@ -605,3 +605,40 @@ def test_bundles_verify_at_their_padded_widths_unless_told_not_to(varied, padded
     assert all(row["lossless"] for row in report["rows"])
     notes = report["runtime"]["runtime_note"]  # the reference tree's decoder is unpadded
     assert isinstance(notes, list) and sum("padded widths" in n for n in notes) == 1
+
+
+@pytest.mark.parametrize("command", ["calibrate", "latency", "latency --random-weights"])
+def test_device_reaches_the_model_loader(varied, tmp_path, monkeypatch, command):
+    """--device reaches the loader of calibrate and latency (with loaded or random weights).
+    This machine may have no GPU, so the device check lets a CUDA name through and the loader
+    stops the command once it has seen it."""
+    import entmtp.calibrate._loading as loading
+    import entmtp.calibrate._measure as measure
+    import entmtp.calibrate._pipeline as pipeline
+    import entmtp.calibrate._random_model as random_model
+    from entmtp.core import EntmtpError
+
+    loads = []
+
+    def stop_at_the_load(*args, device, dtype, **kwargs):
+        loads.append({"device": device, "dtype": loading.resolve_dtype_name(dtype)})
+        raise EntmtpError("stopped at the load")
+
+    def lenient(device: str) -> str:
+        return device if device.startswith("cuda") else loading.check_device(device)
+
+    monkeypatch.setattr(loading, "check_device", lenient)
+    monkeypatch.setattr(measure, "check_device", lenient)
+    for module in (pipeline, measure):
+        monkeypatch.setattr(module, "load_model_and_heads", stop_at_the_load)
+    monkeypatch.setattr(random_model, "random_model", stop_at_the_load)
+    out = tmp_path / "out"
+    if command == "calibrate":
+        args = ["calibrate", *model_args(varied), "--prompts", 3, "--out", out]
+    else:
+        args = ["latency", "--model", varied.model, "--heads", varied.medusa,
+                *command.split()[1:], "--out", out / "latency.json"]
+    result = invoke([*args, "--device", "cuda:1", "--dtype", "fp16"])
+    assert_one_line_error(result, "stopped at the load")
+    assert loads == [{"device": "cuda:1", "dtype": "float16"}]
+    assert not (out / "bundle.json").exists() and not (out / "latency.json").exists()
