@@ -37,7 +37,8 @@ runtime (runtime/_static_step.py) for Llama-family models: same positions, trees
 accept lengths and logs, with the whole step time in ``verify_ms`` unless ``breakdown`` is
 asked for. There a draft-entropy step prepares the next state's heads at its end (fused into the
 projection for an empty tree, as here), so the host reads everything once per step. The
-methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` below are the
+methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` below, with
+``eager_prefill`` and ``DecodingState.plain_step`` (the eager autoregressive step), are the
 eager runtime's (a transformers forward over a ``DynamicCache``), used for the sampling modes,
 for other models, with ``engine="eager"``, and by the latency profiler.
 """

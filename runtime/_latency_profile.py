@@ -109,8 +109,9 @@ STATIC_BOOKING = (
     "does at its end (0 for fusing heads: every step prepares the next inside its own time)")
 EAGER_BOOKING = (
     "eager steps: verify_ms = step + commit + the path's entropies; autoregressive_ms = one "
-    "plain forward; prepare_ms = the heads run before a draft-entropy choice; fused_empty_ms = "
-    "the empty step whose projection also prepares the next")
+    "plain step (DecodingState.plain_step, as eager autoregressive decoding); prepare_ms = the "
+    "heads run before a draft-entropy choice; fused_empty_ms = the empty step whose projection "
+    "also prepares the next")
 
 
 def trimmed_mean(times: Sequence[float], trim: float = TRIM) -> float:
