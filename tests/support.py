@@ -121,6 +121,23 @@ def make_tiny_model_dir(folder: Path, *, seed: int = 0, sharpen: float = 8.0) ->
     return folder
 
 
+def save_untied_tiny_llama(folder: Path, *, seed: int = 0, lm_head_seed: int = 1000,
+                           lm_head_scale: float = 2.0, **config):
+    """``make_tiny_llama(seed, **config)`` with its own random lm_head (``lm_head_scale`` x
+    N(0, 1): sharp, untied from the embeddings), saved with the char tokenizer in ``folder``;
+    returns the model."""
+    import torch
+
+    model = make_tiny_llama(seed, **config)
+    generator = torch.Generator().manual_seed(lm_head_seed)
+    model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(model.lm_head.weight.shape, generator=generator) * lm_head_scale)
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(folder)
+    make_char_tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return model
+
+
 def make_tiny_heads_dir(model_dir: Path, folder: Path, *, head_type: str = "medusa",
                         num_heads: int = 3, seed: int = 0) -> Path:
     """Random entmtp-format heads for the tiny model folder (``--heads`` takes it)."""

@@ -55,16 +55,10 @@ def assert_one_line_error(result, *needles: str) -> None:
 def two(tmp_path_factory) -> SimpleNamespace:
     """A tiny model, Medusa and Hydra heads for it and a calibrated bundle for each."""
     from entmtp.calibrate._heads import new_heads, save_heads
-    from support import make_char_tokenizer, make_tiny_llama
+    from support import save_untied_tiny_llama
 
     root = tmp_path_factory.mktemp("bench")
-    model = make_tiny_llama(0)
-    generator = torch.Generator().manual_seed(1000)
-    model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(model.lm_head.weight.shape, generator=generator) * 2.0)
-    model.config.tie_word_embeddings = False
-    model.save_pretrained(root / "model")
-    make_char_tokenizer(model.config.vocab_size).save_pretrained(root / "model")
+    model = save_untied_tiny_llama(root / "model")
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
                             for i, p in enumerate(PROMPTS)))

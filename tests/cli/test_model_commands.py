@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay, save_bundle
 from entmtp.treesearch._bundle import HeadsInfo
-from support import make_char_tokenizer, make_tiny_llama
+from support import make_char_tokenizer, make_tiny_llama, save_untied_tiny_llama
 
 runner = CliRunner()
 
@@ -496,13 +496,7 @@ def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp
     from entmtp.treesearch._bundle import TreeStats
     from entmtp.treesearch._tree import Tree
 
-    model = make_tiny_llama(0, hidden_size=64)
-    generator = torch.Generator().manual_seed(1000)
-    model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(model.lm_head.weight.shape, generator=generator) * 2.0)
-    model.config.tie_word_embeddings = False
-    model.save_pretrained(tmp_path / "model")
-    make_char_tokenizer(model.config.vocab_size).save_pretrained(tmp_path / "model")
+    model = save_untied_tiny_llama(tmp_path / "model", hidden_size=64)
     heads = new_heads(model, head_type="medusa", num_heads=3)
     save_heads(heads, tmp_path / "medusa", dtype=None)
     bundle = load_bundle(varied.run / "bundle.json")

@@ -369,6 +369,23 @@ def _assert_live_steps_are_priced(profile, schedule, latency, decoder, base, pro
     return used
 
 
+def _priced_run(rt, head_type: str, signal: str, clock, *, engine: str):
+    """The base model, prompts, noisy heads, their profile, a schedule on ``signal`` and the
+    latency model that ``engine``'s profiler measures with ``clock``."""
+    from entmtp.runtime._latency_profile import profile_latency
+
+    base = _base(rt)
+    prompts = _prompts()
+    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
+    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
+                              batch_size=2)
+    schedule, measured = _priced_schedule(profile, signal)
+    latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
+                              context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
+                              trees=measured, remeasure=0, clock=clock, engine=engine)
+    return base, prompts, heads, profile, schedule, latency
+
+
 @pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
                                                    ("hydra", DRAFT_ENTROPY),
                                                    ("medusa", "base"), ("hydra", "static")])
@@ -383,7 +400,6 @@ def test_the_profiled_latency_prices_every_static_engine_step_as_the_replay_book
     import types
 
     import entmtp.runtime._static_step as static_step
-    from entmtp.runtime._latency_profile import profile_latency
 
     clock = _CostClock(_step_cost(head_type))
     for cls in (static_step.TreeStep, static_step.PrepareStep):
@@ -397,15 +413,8 @@ def test_the_profiled_latency_prices_every_static_engine_step_as_the_replay_book
     monkeypatch.setattr(static_step, "time",
                         types.SimpleNamespace(perf_counter=lambda: clock.ms / 1000.0))
 
-    base = _base(rt)
-    prompts = _prompts()
-    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
-    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
-                              batch_size=2)
-    schedule, measured = _priced_schedule(profile, signal)
-    latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
-                              context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
-                              trees=measured, remeasure=0, clock=clock)
+    base, prompts, heads, profile, schedule, latency = _priced_run(rt, head_type, signal, clock,
+                                                                   engine="auto")
     assert latency.hardware["engine"] == "static"
     assert (latency.fused_empty_ms is not None) == (head_type == "medusa")
     decoder = SpeculativeDecoder(base.model, heads, topk=TOPK)
@@ -499,19 +508,11 @@ def test_the_profiled_eager_latency_prices_every_eager_step_as_the_replay_books_
     that step, for draft-entropy schedules with the empty tree (Medusa: fused, prepared before
     the choice otherwise; Hydra: prepared before the choice), a base-entropy schedule and a
     static tree; eager autoregressive decoding takes the model's autoregressive_ms per token."""
-    from entmtp.runtime._latency_profile import profile_latency
 
     clock = _CostClock(_eager_step_cost(head_type))
     _charge_eager_steps(monkeypatch, clock)
-    base = _base(rt)
-    prompts = _prompts()
-    heads = _noisy_heads(base, head_type, seed=4, noise_seed=11)
-    profile = profile_prompts(base, heads, prompts, max_new_tokens=MAX_NEW, topk=TOPK,
-                              batch_size=2)
-    schedule, measured = _priced_schedule(profile, signal)
-    latency = profile_latency(base.model, heads, node_counts=(0,), depths=(3,),
-                              context_lengths=(8, 16), repeats=4, warmup=0, topk=TOPK,
-                              trees=measured, remeasure=0, clock=clock, engine="eager")
+    base, prompts, heads, profile, schedule, latency = _priced_run(rt, head_type, signal, clock,
+                                                                   engine="eager")
     assert latency.hardware["engine"] == "eager"
     assert latency.autoregressive_ms == pytest.approx(9.0)  # the plain step, not the empty tree's
     assert (latency.fused_empty_ms is not None) == (head_type == "medusa")
