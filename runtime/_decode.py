@@ -187,8 +187,7 @@ class DecodingState:
         """The eager runtime's plain greedy step, which ``autoregressive_generate`` runs and the
         latency profiler times as ``autoregressive_ms``: caches the pending token and returns
         the greedy token after it, the new pending token."""
-        device = _model_dtype_device(model)[1]
-        root = torch.tensor([[self.pending]], dtype=torch.int64, device=device)
+        root = torch.tensor([[self.pending]], dtype=torch.int64, device=self.hidden.device)
         hidden, logits = forward_tokens(model, self.cache, root)
         self.past_len += 1
         self.hidden = hidden
@@ -196,7 +195,8 @@ class DecodingState:
         return self.pending
 
 
-def _greedy_choice(logits: torch.Tensor) -> int:
+def greedy_choice(logits: torch.Tensor) -> int:
+    """The greedy pending token of ``logits`` [V] (a prefill's ``choose``)."""
     return int(logits.argmax())
 
 
@@ -465,7 +465,7 @@ class SpeculativeDecoder:
 
         def choose(logits: torch.Tensor) -> int:
             if mode == "greedy":
-                return int(logits.argmax())
+                return greedy_choice(logits)
             return sample_from(logits_to_probs(logits, temperature), generator)
 
         clock = self.clock
@@ -616,7 +616,7 @@ def autoregressive_generate(
                                max_new_tokens=max_new_tokens, eos_token_ids=eos)
     clock = _Clock(device)
     start = clock.now()
-    state, _ = eager_prefill(model, prompt, _greedy_choice)
+    state, _ = eager_prefill(model, prompt, greedy_choice)
     tokens = [state.pending]
     prefill_ms = clock.now() - start
     log: list[StepLog] = []

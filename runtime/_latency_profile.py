@@ -90,7 +90,7 @@ from entmtp.calibrate import entropy_from_logits, linear_kernel
 from entmtp.core import EAGER_ENGINE, STATIC_ENGINE, EntmtpError, describe_machine
 from entmtp.treesearch import LatencyModel, LatencyPoint, Tree, with_padding
 
-from ._decode import DecodingState, SpeculativeDecoder
+from ._decode import DecodingState, SpeculativeDecoder, greedy_choice
 from ._kv_cache import truncate_cache
 from ._static_step import TreeStep
 from ._verify import greedy_accept
@@ -522,7 +522,7 @@ class _EagerSteps:
         self.plans = [decoder.plan(tree) for tree in trees]
         self.states: dict[int, tuple[DecodingState, tuple]] = {}
         for length in contexts:
-            state, _ = decoder.prefill(prompt[:length], lambda logits: int(logits.argmax()))
+            state, _ = decoder.prefill(prompt[:length], greedy_choice)
             self.states[length] = (state, (state.past_len, state.pending, state.hidden))
 
     def time(self, key: _Key) -> float:
