@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import _greedy, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, cpu_name
-from entmtp.runtime import run_record
+from entmtp.evaluation import run_record
+from entmtp.model import _greedy, resolve_dtype
 
 LOOPS = ("transformers", "static")
 
@@ -47,7 +47,8 @@ def tiny_setup(count: int, dtype: torch.dtype):
 
 
 def model_setup(data: Path, count: int, dtype: torch.dtype):
-    from entmtp.calibrate import encode_item, load_base, read_jsonl_items
+    from entmtp.calibrate import encode_item, read_jsonl_items
+    from entmtp.model import load_base
 
     base = load_base(None, dtype=dtype)
     rows = [row for row in read_jsonl_items(data) if row[1] is None][:count]

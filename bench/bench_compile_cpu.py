@@ -24,9 +24,8 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import random_model
 from entmtp.core import describe_machine
-from entmtp.runtime import StaticLlama
+from entmtp.model import StaticLlama, random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "trees" / "latency" / "SmolLM2-135M-Instruct.Q4_1"

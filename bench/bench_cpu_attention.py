@@ -32,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import load_for_latency, new_heads, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name
-from entmtp.runtime import GROUPED_KV_WAYS, SpeculativeDecoder, budget_tree, run_record
+from entmtp.evaluation import budget_tree, load_for_latency, run_record
+from entmtp.model import GROUPED_KV_WAYS, new_heads, resolve_dtype
+from entmtp.runtime import SpeculativeDecoder
 
 CONFIG = Path(__file__).resolve().parent.parent / "trees" / "latency" / "SmolLM2-135M-Instruct.Q4_1"
 REFERENCE_WAY = "repeat"  # transformers' way: the bits the others are compared with

@@ -26,18 +26,17 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import load_base, load_heads_for
 from entmtp.cli._live import check_bundle_fits, encode_prompts, load_task_prompts, read_bundle
 from entmtp.core import cpu_name
-from entmtp.runtime import (
-    BundleScheduler,
-    SpeculativeDecoder,
+from entmtp.evaluation import (
     autoregressive_method,
     ratio,
     run_side_by_side,
     speculative_method,
     speedup_interval,
 )
+from entmtp.model import load_base, load_heads_for
+from entmtp.runtime import BundleScheduler, SpeculativeDecoder
 from entmtp.treesearch import runtime_padding
 
 # row name -> (dtype, whether the row decodes with that dtype's bundle)

@@ -25,16 +25,11 @@ import statistics
 
 import torch
 
-from entmtp.calibrate import entropy_from_logits, load_base, load_heads_for
 from entmtp.cli._live import encode_prompts, load_task_prompts
 from entmtp.core import HEAD_TYPES
-from entmtp.runtime import (
-    SpeculativeDecoder,
-    StaticScheduler,
-    budget_tree,
-    fixed_context_steps,
-    greedy_accept,
-)
+from entmtp.evaluation import budget_tree, fixed_context_steps
+from entmtp.model import entropy_from_logits, load_base, load_heads_for
+from entmtp.runtime import SpeculativeDecoder, StaticScheduler, greedy_accept
 from entmtp.treesearch import LatencyModel, Tree
 
 FIXED_STEPS = 8  # steps per prompt at its fixed context

@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from entmtp.calibrate import project_rows, row_kernel
 from entmtp.core import cpu_name
-from entmtp.runtime import trimmed_mean
+from entmtp.evaluation import trimmed_mean
+from entmtp.model import project_rows, row_kernel
 
 HIDDEN, KV, INTERMEDIATE, VOCAB, LAYERS = 576, 192, 1536, 49152, 30
 

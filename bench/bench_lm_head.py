@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from entmtp.calibrate import project_rows
-from entmtp.runtime import trimmed_mean
+from entmtp.evaluation import trimmed_mean
+from entmtp.model import project_rows
 
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 16, 32, 64)
 

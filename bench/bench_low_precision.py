@@ -8,7 +8,7 @@ For each dtype, the model (once) and each bundle's heads are loaded in it (the C
 bundle check), each held-out prompt is decoded with the bundle's schedule
 (``SpeculativeDecoder.generate``) and by plain greedy decoding (``autoregressive_generate``) in
 that same dtype, and the first position where the two outputs differ is judged with
-``entmtp.runtime._departures``: the plain decoder's logits there are recomputed and the gap
+``entmtp.evaluation._departures``: the plain decoder's logits there are recomputed and the gap
 between its token and the decoder's token is given in units of the dtype's resolution at the
 top logit (a near-tie when at most ``NEAR_TIE_ULPS``). Prints one row per bundle and dtype;
 with ``--json``, every departure (position, the step and tree that emitted it, the gaps).
@@ -24,15 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from entmtp.calibrate import load_base, load_heads_for
 from entmtp.cli._live import check_bundle_fits, encode_prompts, load_task_prompts, read_bundle
-from entmtp.runtime import (
-    NEAR_TIE_ULPS,
-    BundleScheduler,
-    SpeculativeDecoder,
-    autoregressive_generate,
-    check_departure,
-)
+from entmtp.evaluation import NEAR_TIE_ULPS, check_departure
+from entmtp.model import load_base, load_heads_for
+from entmtp.runtime import BundleScheduler, SpeculativeDecoder, autoregressive_generate
 
 
 def emitting_step(step_log, position: int) -> dict[str, Any]:

@@ -18,14 +18,9 @@ import time
 
 import torch
 
-from entmtp.calibrate import (
-    greedy_generate,
-    load_base_model,
-    load_prompts,
-    new_heads,
-    profile_prompts,
-)
+from entmtp.calibrate import load_prompts, profile_prompts
 from entmtp.core import HEAD_TYPES
+from entmtp.model import greedy_generate, load_base_model, new_heads
 
 
 def main() -> None:

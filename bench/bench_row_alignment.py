@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from entmtp.calibrate import project_rows
 from entmtp.core import cpu_name
+from entmtp.model import project_rows
 
 # SmolLM2-135M's matrices: [out, in] and products per timing.
 SHAPES = {"q_proj": (576, 576, 200), "k_proj": (192, 576, 200), "mlp_up": (1536, 576, 200),

@@ -25,9 +25,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from entmtp.calibrate import _row_gemm, random_model
 from entmtp.core import cpu_name
-from entmtp.runtime import forward_tokens, new_cache, trimmed_mean, truncate_cache
+from entmtp.evaluation import trimmed_mean
+from entmtp.model import _row_gemm, random_model
+from entmtp.runtime import forward_tokens, new_cache, truncate_cache
 
 DEFAULT_MODEL = "trees/latency/SmolLM2-135M-Instruct.Q4_1"
 KERNELS = ("F.linear", "few-row", "packed")

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import entropy_from_logits, load_base_model, load_heads, new_heads
 from entmtp.core import HEAD_TYPES
+from entmtp.evaluation import budget_tree
+from entmtp.model import entropy_from_logits, load_base_model, load_heads, new_heads
 from entmtp.runtime import (
     SpeculativeDecoder,
     StaticScheduler,
     autoregressive_generate,
-    budget_tree,
     compact_cache,
     forward_tokens,
     greedy_accept,

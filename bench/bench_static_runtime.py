@@ -25,15 +25,10 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import load_heads, new_heads, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, cpu_name
-from entmtp.runtime import (
-    SpeculativeDecoder,
-    StaticScheduler,
-    autoregressive_generate,
-    budget_tree,
-    run_record,
-)
+from entmtp.evaluation import budget_tree, run_record
+from entmtp.model import load_heads, new_heads, resolve_dtype
+from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate
 from entmtp.treesearch import reference_tree
 
 PROMPTS = [
@@ -59,7 +54,7 @@ def tiny_setup(head_types, dtype):
 
 
 def model_setup(head_types, dtype):
-    from entmtp.calibrate import load_base_model
+    from entmtp.model import load_base_model
 
     base = load_base_model(dtype=dtype)
     shipped = Path(str(resources.files("entmtp.trees").joinpath("heads")))

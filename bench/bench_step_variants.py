@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import new_heads, random_model
 from entmtp.core import cpu_name
+from entmtp.model import new_heads, random_model
 from entmtp.runtime import SpeculativeDecoder
 from entmtp.treesearch import Tree, load_bundle
 

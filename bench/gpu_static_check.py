@@ -44,19 +44,15 @@ from pathlib import Path
 
 import torch
 
-from entmtp.calibrate import new_heads, resolve_dtype
 from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, device_name
+from entmtp.evaluation import budget_tree, check_departure, run_record
+from entmtp.model import GROUPED_KV_WAYS, StaticLlama, new_heads, resolve_dtype
 from entmtp.runtime import (
-    GROUPED_KV_WAYS,
     BundleScheduler,
     SpeculativeDecoder,
-    StaticLlama,
     StaticScheduler,
     autoregressive_engine,
     autoregressive_generate,
-    budget_tree,
-    check_departure,
-    run_record,
 )
 from entmtp.treesearch import DRAFT_ENTROPY, EntropyEstimator, Schedule, Tree, reference_tree
 

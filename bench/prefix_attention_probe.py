@@ -37,8 +37,6 @@ from entmtp.calibrate import (
     HeadRanks,
     Trajectory,
     head_ranks,
-    load_base_model,
-    load_heads,
     read_head_data,
     read_head_data_index,
     record_trajectories,
@@ -51,6 +49,7 @@ from entmtp.calibrate._train import (
     teacher_topk,
     warmup_cosine,
 )
+from entmtp.model import load_base_model, load_heads
 from entmtp.treesearch import reference_tree
 
 POSITION_BUCKETS = ((0, 16), (16, 64), (64, 10**9))

@@ -21,16 +21,9 @@ import argparse
 import numpy as np
 import torch
 
-from entmtp.calibrate import (
-    SHIPPED_HEADS,
-    TASKS,
-    generate_trajectories,
-    load_base_model,
-    load_heads,
-    load_prompts,
-    shipped_heads_path,
-)
+from entmtp.calibrate import TASKS, generate_trajectories, load_prompts
 from entmtp.calibrate._train import _examples, _prefixes
+from entmtp.model import SHIPPED_HEADS, load_base_model, load_heads, shipped_heads_path
 
 
 def roc_auc(signal: np.ndarray, accepted: np.ndarray) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from entmtp.runtime import DRIFT_LIMIT, REFERENCE_TREE
+from entmtp.evaluation import DRIFT_LIMIT, REFERENCE_TREE
 
 
 @dataclass(frozen=True)

@@ -44,16 +44,14 @@ from entmtp.calibrate import (
     fit_heads,
     generate_trajectories,
     head_accuracy,
-    load_base_model,
     load_prompts,
     load_trajectories,
-    new_heads,
     read_jsonl_items,
-    save_heads,
     save_trajectories,
     text_trajectories,
 )
 from entmtp.calibrate._tasks import _is_creative_request, _iter_json_array, _usable_prompt
+from entmtp.model import load_base_model, new_heads, save_heads
 
 GSM8K_TRAIN = "gsm8k/train.jsonl"
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -40,10 +40,9 @@ import torch
 from torch import Tensor
 
 from entmtp.core import EntmtpError, atomic_write, atomic_write_json, dtype_name
+from entmtp.model import greedy_generate, unwrap_base
 from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
-from ._greedy import greedy_generate
-from ._heads import _unwrap_base
 from ._train import (
     Progress,
     Trajectory,
@@ -97,7 +96,7 @@ class HeadData:
 
 def data_fingerprint(base: Any) -> dict[str, Any]:
     """What identifies the model the data was made for (name, sizes, a few embedding values)."""
-    module = _unwrap_base(base)
+    module = unwrap_base(base)
     config = module.config.get_text_config()
     embedding = module.get_input_embeddings().weight
     probe = embedding[:PROBE_ROWS, :PROBE_COLS].detach().float().cpu()
@@ -149,7 +148,7 @@ def make_records(
 ) -> list[Record]:
     """Records of ``items`` in order: teacher-forced ones as given, self-distilled ones by
     batched greedy generation (prompts sorted by length so that a batch pads little)."""
-    module = _unwrap_base(base)
+    module = unwrap_base(base)
     eos = _eos_ids(base, module)
     records: list[Record | None] = [None] * len(items)
     greedy: list[int] = []
@@ -231,7 +230,7 @@ def write_head_data(
     sources = sorted({item.source for item in items})
     num_shards = math.ceil(len(items) / shard_size)
     index_path = folder / INDEX_NAME
-    dtype = dtype_name(next(_unwrap_base(base).parameters()).dtype)
+    dtype = dtype_name(next(unwrap_base(base).parameters()).dtype)
     if index_path.is_file():
         index = read_head_data_index(folder)
         check_fingerprint(index["model"], base, folder)
@@ -420,7 +419,7 @@ def cached_trajectories(
     when it holds the first shards of a run that has finished more since, extended by the
     forward of the new shards only. Anything else is refused, never silently recomputed over.
     """
-    module = _unwrap_base(base)
+    module = unwrap_base(base)
     weight = module.get_input_embeddings().weight
     index = head_data.index
     shards = [entry["file"] for entry in index["shards"]]
@@ -477,7 +476,7 @@ def trajectories_from_shard(head_data: HeadData, trajectories: Sequence[Trajecto
 
 def answer_end_id(base: Any) -> int | None:
     """The token that ends an answer: the chat end token of an instruct model, else EOS."""
-    from ._model import CHAT_END_TOKENS
+    from entmtp.model import CHAT_END_TOKENS
 
     tokenizer = base.tokenizer
     vocab = tokenizer.get_vocab()

@@ -30,6 +30,7 @@ from entmtp.core import (
     check_writable_target,
     hardware_slug,
 )
+from entmtp.model import check_device_and_dtype, check_engine, load_model_and_heads
 from entmtp.treesearch import (
     LatencyModel,
     Profile,
@@ -46,7 +47,6 @@ from entmtp.treesearch import (
     synthetic_profile,
 )
 
-from ._loading import check_device_and_dtype, check_engine, load_model_and_heads
 from ._rundir import (
     RunDir,
     check_report,
@@ -148,7 +148,7 @@ def linear_kernel_mismatch(latency: LatencyModel, *, source: str) -> str | None:
         import torch  # the model side; searching a profile needs no torch otherwise
     except ImportError:  # without the model extra this machine runs no linear layer
         return None
-    from ._row_gemm import row_kernel
+    from entmtp.model import row_kernel
 
     timed = hardware.get("linear_kernel") or "torch"  # files before the field: F.linear
     dtype = getattr(torch, str(hardware.get("dtype") or "float32"), None)
@@ -246,7 +246,7 @@ def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[]
                                           f"{f' (measured on {where})' if where else ''}"))
         _warn(progress, check_latency_model(reused, strict=strict, source=str(run.latency)))
         return
-    from entmtp.runtime import profile_latency
+    from entmtp.evaluation import profile_latency
 
     base, draft_heads = loader()  # on --device in --dtype: the steps are timed there
     device = next(base.model.parameters()).device

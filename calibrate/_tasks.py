@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.core import EntmtpError, atomic_write_json
+from entmtp.core import EntmtpError, atomic_write_json, user_cache_dir
 from entmtp.treesearch import parse_jsonl, read_bytes, read_json, read_jsonl
 
 TASKS = ("code", "chat", "math", "lit")
@@ -72,15 +72,6 @@ class TaskPrompt:
 
 
 # -- locations -------------------------------------------------------------------------------
-def user_cache_dir() -> Path:
-    """$ENTMTP_CACHE, else $XDG_CACHE_HOME/entmtp, else ~/.cache/entmtp."""
-    if os.environ.get("ENTMTP_CACHE"):
-        return Path(os.environ["ENTMTP_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "entmtp"
-
-
 def shared_datasets_dir() -> Path:
     """``$ENTMTP_SHARED/datasets``, else ``shared/datasets`` next to the repository root."""
     root = os.environ.get("ENTMTP_SHARED")

@@ -39,11 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from entmtp.core import EntmtpError, atomic_write
+from entmtp.model import DraftHeads, greedy_generate, topk_ranks, unwrap_base
 from entmtp.treesearch import Tree, expected_accept_length
-
-from ._greedy import greedy_generate
-from ._heads import DraftHeads, _unwrap_base
-from ._stats import topk_ranks
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 TRAIN_MODES = ("self-distill", "text")
@@ -184,7 +181,7 @@ def generate_trajectories(
 
     Prompts are batched by length to keep left padding small.
     """
-    module = _unwrap_base(base)
+    module = unwrap_base(base)
     eos_ids = _eos_ids(base, module)
     ids = [_prompt_ids(base, prompt) for prompt in prompts]
     labels = list(sources) if sources is not None else [""] * len(ids)
@@ -215,7 +212,7 @@ def text_trajectories(
     progress: Progress | None = None,
 ) -> list[Trajectory]:
     """Teacher-forced trajectories of ``texts`` cut into windows of ``max_length`` tokens."""
-    module = _unwrap_base(base)
+    module = unwrap_base(base)
     decoder = module.base_model
     device = next(module.parameters()).device
     labels = list(sources) if sources is not None else [""] * len(texts)

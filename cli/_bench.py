@@ -1,6 +1,6 @@
 """`entmtp bench`: autoregressive vs static Medusa / Hydra trees vs bundles, measured live in one
 process on the same prompts, interleaved per prompt (rows and prediction checks:
-``entmtp.runtime._benchmark``); with ``--targets bench/targets.py`` each bundle's prediction
+``entmtp.evaluation._benchmark``); with ``--targets bench/targets.py`` each bundle's prediction
 check is marked PASS / MISS against the project's targets.
 """
 
@@ -22,7 +22,7 @@ from rich.table import Table
 
 from entmtp.calibrate import command_line
 from entmtp.core import all_or_none
-from entmtp.runtime import (
+from entmtp.evaluation import (
     AUTOREGRESSIVE,
     BEST_STATIC,
     RATE_DEFINITION,
@@ -212,7 +212,7 @@ def heads_for_bundle(bundle: Bundle, base, head_sets):
 
 def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
     """Where and when the rows were measured (the README's results table cites it)."""
-    from entmtp.runtime import run_record
+    from entmtp.evaluation import run_record
 
     return run_record(model, torch_threads=torch_threads)
 

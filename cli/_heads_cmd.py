@@ -197,7 +197,7 @@ def train(
             raise EntmtpError(f"--hidden-cache {path} is a folder: name a file")
     if len(set(map(Path.resolve, from_data))) != len(from_data):
         raise EntmtpError("--from-data names a folder twice: give each folder once")
-    from entmtp.calibrate import check_heads_target
+    from entmtp.model import check_heads_target
 
     check_heads_target(out)  # before hours of training, not after
     if from_data:
@@ -209,7 +209,8 @@ def train(
     else:
         items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
 
-    from entmtp.calibrate import save_heads, train_heads, train_on_trajectories
+    from entmtp.calibrate import train_heads, train_on_trajectories
+    from entmtp.model import save_heads
 
     base = load_base(model, device=device, dtype=dtype)
     heads, init = _initial_heads(base, head_type, num_heads, num_layers, init_heads, seed)
@@ -297,7 +298,7 @@ def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers:
     """(the heads training starts from, the record of where they came from)."""
     import torch
 
-    from entmtp.calibrate import load_heads, new_heads, read_heads_config
+    from entmtp.model import load_heads, new_heads, read_heads_config
 
     if init_heads is None:
         heads = new_heads(base.model, head_type=head_type, num_heads=num_heads or 4,
@@ -432,13 +433,13 @@ def eval_command(
     from entmtp.calibrate import (
         HeadRanks,
         head_ranks,
-        load_heads,
         read_head_data,
         read_head_data_index,
         record_trajectories,
     )
     from entmtp.calibrate import accuracy_table as markdown_table
     from entmtp.core import atomic_write_json
+    from entmtp.model import load_heads
     from entmtp.treesearch import reference_tree
 
     replayed = {name: reference_tree(name) for name in trees}
@@ -500,14 +501,13 @@ def draft_vocab_command(
     """
     import torch
 
-    from entmtp.calibrate import (
+    from entmtp.calibrate import read_head_data, read_head_data_index
+    from entmtp.model import (
         check_draft_vocab_size,
         check_heads_target,
         draft_vocab_coverage,
         frequent_tokens,
         load_heads,
-        read_head_data,
-        read_head_data_index,
         read_heads_config,
         resolve_dtype,
         save_heads,

@@ -16,8 +16,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from entmtp.calibrate import check_latency_model, measure_latency, retarget_run, source_run
+from entmtp.calibrate import check_latency_model, retarget_run, source_run
 from entmtp.core import STATIC_ENGINE, SYNTHETIC_LABEL, EntmtpError, all_or_none, hardware_label
+from entmtp.evaluation import measure_latency
 from entmtp.treesearch import MAX_TREE_NODES, LatencyModel, load_bundle
 
 from ._errors import user_errors

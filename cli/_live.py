@@ -1,6 +1,6 @@
 """Shared pieces of the live-decoding commands (validate, bench, decode): loading a bundle with
 its model and heads, encoding prompts, a progress bar for the side-by-side runs and the JSON
-report. What they run and compare is ``entmtp.runtime._validation``'s."""
+report. What they run and compare is ``entmtp.evaluation._validation``'s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from entmtp.core import atomic_write_json
-from entmtp.runtime import EncodedPrompt, RunProgress
+from entmtp.evaluation import EncodedPrompt, RunProgress
 from entmtp.treesearch import Bundle, EntmtpError, load_bundle
 
 from ._model_setup import (  # noqa: F401 - re-exported for the live commands

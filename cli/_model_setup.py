@@ -9,7 +9,13 @@ from pathlib import Path
 
 import typer
 
-from entmtp.calibrate import (  # noqa: F401 - the commands' names for the library's loading
+from entmtp.core import (  # noqa: F401 - the commands' names for HEAD_TYPES and the folder check
+    HEAD_TYPES,
+    EntmtpError,
+    check_output_folder,
+    check_writable_target,
+)
+from entmtp.model import (  # noqa: F401 - the commands' names for the library's loading
     ENGINES,
     SHIPPED_HEADS,
     check_device,
@@ -22,12 +28,6 @@ from entmtp.calibrate import (  # noqa: F401 - the commands' names for the libra
     resolve_dtype_name,
     resolve_heads,
     shipped_heads_path,
-)
-from entmtp.core import (  # noqa: F401 - the commands' names for HEAD_TYPES and the folder check
-    HEAD_TYPES,
-    EntmtpError,
-    check_output_folder,
-    check_writable_target,
 )
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,

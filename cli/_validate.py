@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from entmtp.runtime import (
+from entmtp.evaluation import (
     RATE_DEFINITION,
     EncodedPrompt,
     MethodRuns,

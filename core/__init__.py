@@ -42,8 +42,10 @@ from ._names import (
     STATIC_ENGINE,
     dtype_name,
 )
+from ._paths import user_cache_dir
 
 __all__ = [
+    "user_cache_dir",
     "DTYPE_ALIASES",
     "DTYPE_NAMES",
     "EXTRA_OF_MODULE",

@@ -54,15 +54,14 @@ from functools import partial
 import torch
 from transformers.cache_utils import DynamicCache
 
-from entmtp.calibrate import entropy_from_logits
 from entmtp.core import EAGER_ENGINE, ENGINES, STATIC_ENGINE, EntmtpError
+from entmtp.model import check_tree_attention_support, entropy_from_logits, static_support
 from entmtp.treesearch import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
 from ._kv_cache import check_cache, compact_cache, new_cache
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler, StaticScheduler
-from ._static_model import static_support
 from ._static_step import (
     StaticEngine,
     StepOptions,
@@ -73,7 +72,6 @@ from ._static_step import (
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
     backbone_forward,
-    check_tree_attention_support,
     forward_tokens,
     greedy_accept,
     probe_tree_attention,

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from entmtp.calibrate import draft_projection_weight, draft_token_ids, project_rows
 from entmtp.core import HEAD_TYPES, EntmtpError
+from entmtp.model import LOGIT_TRANSFORMS, draft_projection_weight, draft_token_ids, project_rows
 
 from ._tree_attention import TreePlan
-from ._verify import LOGIT_TRANSFORMS
 
 
 @dataclass(frozen=True)

@@ -57,13 +57,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from entmtp.calibrate import entropy_from_logits
 from entmtp.core import EntmtpError
+from entmtp.model import StaticLlama, compact_static_cache, entropy_from_logits
 from entmtp.treesearch import Tree, padding_summary
 
 from ._drafter import Drafter
 from ._scheduler import Scheduler
-from ._static_model import StaticLlama, compact_static_cache
 from ._tree_attention import TreePlan, tree_plan
 
 if TYPE_CHECKING:

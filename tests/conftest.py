@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from oracle_support import rt  # noqa: F401 - the decoding tests' fixture
 
 from support import (
     make_tiny_heads_dir,

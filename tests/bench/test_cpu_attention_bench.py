@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from entmtp.runtime import GROUPED_KV_WAYS
+from entmtp.model import GROUPED_KV_WAYS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_cpu_attention.py"
 

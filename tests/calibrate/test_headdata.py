@@ -22,9 +22,9 @@ from entmtp.calibrate._headdata import (
     trajectories_from_shard,
     write_head_data,
 )
-from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import fit_heads
 from entmtp.core import EntmtpError
+from entmtp.model._heads import new_heads
 from support import make_tiny_llama, make_varied_tiny_llama
 
 VOCAB = 128

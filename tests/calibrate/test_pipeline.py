@@ -142,7 +142,9 @@ def test_the_console_reporter_stops_its_display_when_a_stage_fails():
 def test_importing_the_pipeline_imports_neither_the_cli_nor_torch():
     code = ("import sys\n"
             "from entmtp.calibrate import CalibrateArguments, RunDir, calibrate, demo_run, "
-            "retarget_run, search_stage, measure_latency, load_model_and_heads\n"
+            "retarget_run, search_stage\n"
+            "from entmtp.evaluation import measure_latency\n"
+            "from entmtp.model import load_model_and_heads\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'transformers', 'typer', 'rich') or m.startswith('entmtp.cli')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

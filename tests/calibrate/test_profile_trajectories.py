@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._greedy import greedy_generate
-from entmtp.calibrate._heads import new_heads
-from entmtp.calibrate._model import BaseModel
-from entmtp.calibrate._profiler import profile_prompts, profile_trajectories
+from entmtp.calibrate._profiler import profile_prompts
 from entmtp.calibrate._tasks import TaskPrompt
+from entmtp.evaluation._trajectory_profile import profile_trajectories
+from entmtp.model._base_model import BaseModel
+from entmtp.model._greedy import greedy_generate
+from entmtp.model._heads import new_heads
 from support import make_char_tokenizer, make_tiny_llama
 
 TEXTS = ["hello", "a much longer prompt about things", "x", "def f(a, b):", "ok go"]

@@ -9,15 +9,11 @@ import pytest
 import torch
 
 from entmtp.calibrate import _profiler
-from entmtp.calibrate._greedy import greedy_generate
-from entmtp.calibrate._model import BaseModel
-from entmtp.calibrate._profiler import (
-    profile_prompts,
-    resolve_shard,
-    shard_prompts,
-)
+from entmtp.calibrate._profiler import profile_prompts, resolve_shard, shard_prompts
 from entmtp.calibrate._tasks import TaskPrompt
 from entmtp.core import EntmtpError
+from entmtp.model._base_model import BaseModel
+from entmtp.model._greedy import greedy_generate
 from entmtp.treesearch._profile import Profile, merge_profiles
 from support import make_tiny_llama
 
@@ -145,7 +141,7 @@ def test_profile_matches_per_position_reference(head_type, topk):
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
 def test_profile_with_the_real_draft_heads(head_type):
-    from entmtp.calibrate._heads import new_heads
+    from entmtp.model._heads import new_heads
 
     base = tiny_base(1)
     heads = new_heads(base.model, head_type=head_type, num_heads=2, shared_lm_head=False, seed=3)

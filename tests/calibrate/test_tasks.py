@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 
 from entmtp.calibrate import _tasks
-from entmtp.calibrate._tasks import (
-    TASKS,
-    load_prompts,
-    split_of,
-    task_prompts,
-)
+from entmtp.calibrate._tasks import TASKS, load_prompts, split_of, task_prompts
 from entmtp.core import EntmtpError
 from support import requires_shared
 

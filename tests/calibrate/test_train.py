@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
 from entmtp.calibrate._train import (
     FitPlan,
     HeadRanks,
@@ -30,6 +29,7 @@ from entmtp.calibrate._train import (
     warmup_cosine,
 )
 from entmtp.core import EntmtpError
+from entmtp.model._heads import new_heads
 from entmtp.treesearch import Tree
 from support import SteppingClock, make_tiny_llama, make_varied_tiny_llama
 

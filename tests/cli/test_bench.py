@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from entmtp.cli import _bench
 from entmtp.cli._live import read_bundle
 from entmtp.cli.app import app
-from entmtp.runtime._prediction import DRIFT_LIMIT, drift_warning
+from entmtp.evaluation._prediction import DRIFT_LIMIT, drift_warning
 from entmtp.treesearch import LatencyModel, Profile, load_bundle, oracle_replay, save_bundle
 
 runner = CliRunner()
@@ -54,7 +54,7 @@ def assert_one_line_error(result, *needles: str) -> None:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> SimpleNamespace:
     """A tiny model, Medusa and Hydra heads for it and a calibrated bundle for each."""
-    from entmtp.calibrate._heads import new_heads, save_heads
+    from entmtp.model._heads import new_heads, save_heads
     from support import save_untied_tiny_llama
 
     root = tmp_path_factory.mktemp("bench")

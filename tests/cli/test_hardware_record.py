@@ -20,7 +20,7 @@ def test_calibrate_and_latency_write_the_same_machine_record(tiny_model_dir, tin
                                                              tmp_path, monkeypatch):
     import torch
 
-    import entmtp.runtime._latency_profile as latency_profile
+    import entmtp.evaluation._latency_profile as latency_profile
 
     measure = latency_profile.profile_latency
 

@@ -42,7 +42,7 @@ def _quick_latency_args(out) -> list[str]:
 @pytest.fixture(scope="module")
 def profiler():
     # runtime/_latency_profile.py is written alongside this command; skip until it exists.
-    return pytest.importorskip("entmtp.runtime._latency_profile")
+    return pytest.importorskip("entmtp.evaluation._latency_profile")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_latency_times_random_heads_over_a_draft_vocabulary(profiler, tiny_model
     them (every draft projection reads that many rows) and the file says so."""
     import torch
 
-    import entmtp.runtime._latency_profile as latency_profile
+    import entmtp.evaluation._latency_profile as latency_profile
 
     seen = []
     real = latency_profile.profile_latency
@@ -129,7 +129,7 @@ def test_latency_times_the_model_and_heads_in_the_dtype_given(profiler, tiny_mod
     timed steps (seen by a dispatch mode around each timing) computes in it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import entmtp.runtime._latency_profile as latency_profile
+    import entmtp.evaluation._latency_profile as latency_profile
 
     class ProductDtypes(TorchDispatchMode):
         def __init__(self) -> None:
@@ -392,7 +392,7 @@ def test_plot_latency_labels_synthetic_curves(tmp_path):
 def _cheap_fused(monkeypatch):
     """Every step 10 ms (+1 per node) except fused empty steps at 3 ms: a model that keeps
     failing its fused-vs-plain check."""
-    from entmtp.runtime import _latency_profile
+    from entmtp.evaluation import _latency_profile
 
     def time(timer, key):
         step, index, _ = key
@@ -505,7 +505,7 @@ def test_latency_prints_and_writes_the_padded_widths(profiler, tiny_model_dir, t
                                                      monkeypatch):
     """A 1-node step dearer than a 3-node one (a kernel's row alignment): the file pads 1-2
     nodes to 3 and the command says so."""
-    from entmtp.runtime import _latency_profile
+    from entmtp.evaluation import _latency_profile
 
     def time(timer, key):
         step, index, _ = key
@@ -556,7 +556,7 @@ def test_retarget_to_a_latency_file_of_another_draft_vocabulary_warns_in_the_rep
 def test_retarget_to_a_latency_file_of_another_linear_kernel_warns(cpu_run, tmp_path):
     """A CPU latency file timed with another linear kernel than this version's prices every
     tree wrong: retarget says so on stderr and in report.md; GPU files and matching ones pass."""
-    from entmtp.calibrate import row_kernel
+    from entmtp.model import row_kernel
 
     used = row_kernel(torch.empty(0, 0))
     measured = LatencyModel.cpu_like()

@@ -60,7 +60,7 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def varied(tmp_path_factory) -> SimpleNamespace:
-    from entmtp.calibrate._heads import new_heads, save_heads
+    from entmtp.model._heads import new_heads, save_heads
 
     root = tmp_path_factory.mktemp("varied")
     model = make_tiny_llama(0)
@@ -183,7 +183,7 @@ def test_bench_has_every_row_with_consistent_ratios(varied, tmp_path):
 
 
 def test_decode_prints_the_greedy_text_and_stats(varied):
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.model._base_model import load_base_model
     from entmtp.runtime._decode import autoregressive_generate
 
     prompt, max_new = "Hello there", 12
@@ -200,8 +200,8 @@ def test_decode_prints_the_greedy_text_and_stats(varied):
 
 
 def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):
-    from entmtp.calibrate._heads import load_heads
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.model._base_model import load_base_model
+    from entmtp.model._heads import load_heads
 
     data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:4])
     out = tmp_path / "heads"
@@ -223,8 +223,8 @@ def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):
 
 def other_medusa_heads(model_dir: Path, folder: Path) -> Path:
     """Medusa heads of the same shape as the bundle's but other (perturbed) weights."""
-    from entmtp.calibrate._heads import load_heads, save_heads
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.model._base_model import load_base_model
+    from entmtp.model._heads import load_heads, save_heads
 
     heads = load_heads(folder.parent / "medusa", load_base_model(model_dir).model)
     generator = torch.Generator().manual_seed(7)
@@ -311,7 +311,7 @@ def test_cuda_on_a_machine_without_one_is_a_one_line_error(varied, command, tmp_
                                                ("--device", "cuda:x")])
 def test_bad_device_or_dtype_fails_before_any_side_effect(varied, command, option, value,
                                                           tmp_path, monkeypatch):
-    import entmtp.calibrate._model as model_module
+    import entmtp.model._base_model as model_module
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the options were checked")
@@ -328,7 +328,7 @@ def test_bad_device_or_dtype_fails_before_any_side_effect(varied, command, optio
 def test_calibrate_profiles_and_measures_latency_in_the_dtype_given(varied, tmp_path,
                                                                      monkeypatch, dtype,
                                                                      torch_dtype):
-    import entmtp.runtime._latency_profile as latency_profile
+    import entmtp.evaluation._latency_profile as latency_profile
 
     timed = []
 
@@ -360,7 +360,7 @@ def test_calibrate_measures_latency_on_the_engine_given(varied, tmp_path, monkey
                                                         engine, graphs):
     """--engine and --graphs/--no-graphs reach the latency stage's profiler: the run's latency
     file times the steps of the runtime the user chose."""
-    import entmtp.runtime._latency_profile as latency_profile
+    import entmtp.evaluation._latency_profile as latency_profile
 
     timed = []
 
@@ -378,8 +378,8 @@ def test_calibrate_measures_latency_on_the_engine_given(varied, tmp_path, monkey
 
 def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypatch):
     import entmtp.cli._heads_cmd as heads_cmd
-    from entmtp.calibrate._heads import load_heads
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.model._base_model import load_base_model
+    from entmtp.model._heads import load_heads
 
     loaded = []
     real_load_base = heads_cmd.load_base
@@ -408,8 +408,8 @@ def test_heads_train_loads_the_base_on_the_device_given(varied, tmp_path, monkey
     """--device reaches the base model's loader. This machine may have no GPU, so the device
     check lets a CUDA name through and the loader stops the command once it has seen it."""
     import entmtp.cli._heads_cmd as heads_cmd
-    from entmtp.calibrate import check_device_and_dtype
     from entmtp.core import EntmtpError
+    from entmtp.model import check_device_and_dtype
 
     loads = []
 
@@ -429,7 +429,7 @@ def test_heads_train_loads_the_base_on_the_device_given(varied, tmp_path, monkey
 
 
 def test_dtype_puts_the_model_and_its_heads_in_that_precision(varied):
-    from entmtp.calibrate import load_model_and_heads
+    from entmtp.model import load_model_and_heads
 
     base, heads = load_model_and_heads(str(varied.model), str(varied.medusa), "medusa",
                                        dtype="bf16")
@@ -452,8 +452,8 @@ def test_help_gives_an_example(command):
 def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
     """The default SmolLM2 model (no --model) with fresh 4-head Medusa heads and a two-tree
     entropy schedule written by hand for them."""
-    from entmtp.calibrate._heads import new_heads, save_heads
-    from entmtp.calibrate._model import load_base_model
+    from entmtp.model._base_model import load_base_model
+    from entmtp.model._heads import new_heads, save_heads
     from entmtp.treesearch import Bundle, EntropyEstimator, Tree
     from entmtp.treesearch._bundle import CreatedBy, EntropyInfo, ModelInfo, Predicted, TreeStats
 
@@ -491,7 +491,7 @@ def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp
     bundle's tree is the empty one (plain decoding: it cannot depart) and the fixture's hidden-32
     model departed on none of 20 prompts in bf16, so this runs a 39-node tree (depth 3) on a
     hidden-64 model, measured to depart on 3 of these 6 prompts in bf16 and 2 in fp16."""
-    from entmtp.calibrate._heads import new_heads, save_heads
+    from entmtp.model._heads import new_heads, save_heads
     from entmtp.treesearch import reference_tree
     from entmtp.treesearch._bundle import TreeStats
     from entmtp.treesearch._tree import Tree
@@ -606,10 +606,10 @@ def test_device_reaches_the_model_loader(varied, tmp_path, monkeypatch, command)
     """--device reaches the loader of calibrate and latency (with loaded or random weights).
     This machine may have no GPU, so the device check lets a CUDA name through and the loader
     stops the command once it has seen it."""
-    import entmtp.calibrate._loading as loading
-    import entmtp.calibrate._measure as measure
     import entmtp.calibrate._pipeline as pipeline
-    import entmtp.calibrate._random_model as random_model
+    import entmtp.evaluation._measure as measure
+    import entmtp.model._loading as loading
+    import entmtp.model._random_model as random_model
     from entmtp.core import EntmtpError
 
     loads = []

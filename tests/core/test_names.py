@@ -49,7 +49,7 @@ def test_an_unknown_dtype_is_a_one_line_error_naming_the_option():
 
 def test_the_torch_dtype_map_covers_every_dtype_name():
     torch = pytest.importorskip("torch")
-    from entmtp.calibrate import resolve_dtype
+    from entmtp.model import resolve_dtype
 
     assert {name: resolve_dtype(name) for name in DTYPE_NAMES} == {
         "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

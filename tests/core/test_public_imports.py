@@ -7,7 +7,7 @@ from pathlib import Path
 import entmtp.runtime
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "treesearch", "calibrate", "runtime", "cli")
+PACKAGES = ("core", "treesearch", "model", "runtime", "evaluation", "calibrate", "cli")
 
 # Bench scripts that reach into internals on purpose: ShareGPT filtering helpers of the task
 # loader, the trainer's example builders and batch loss, and the live commands' helpers (CLI,
@@ -64,10 +64,10 @@ def test_bench_scripts_import_only_public_names_but_the_listed_internals():
 def test_private_imports_are_seen(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text("from entmtp.runtime._decode import X\nfrom ..treesearch._tree import Tree\n"
-                    "import entmtp.calibrate._stats\nfrom ._own import y\n"
+                    "import entmtp.model._stats\nfrom ._own import y\n"
                     "from entmtp.core import Z\nfrom entmtp.cli._live import w\n")
     assert private_imports(path, "cli") == [
-        "entmtp.runtime._decode", "entmtp.treesearch._tree", "entmtp.calibrate._stats"]
+        "entmtp.runtime._decode", "entmtp.treesearch._tree", "entmtp.model._stats"]
 
 
 def test_every_runtime_export_resolves():

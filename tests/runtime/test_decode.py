@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
-from entmtp.calibrate._stats import entropy_from_logits
 from entmtp.core import EntmtpError
+from entmtp.model._heads import new_heads
+from entmtp.model._stats import entropy_from_logits
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.runtime._verify import greedy_accept

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
 from entmtp.core import EntmtpError
+from entmtp.model._heads import new_heads
 from entmtp.runtime._drafter import TreeDrafter, fuses_with_base
 from entmtp.runtime._tree_attention import tree_plan
 from entmtp.treesearch._tree import Tree
@@ -246,7 +246,7 @@ def test_a_draft_vocabulary_drafts_the_full_top_k_masked_to_it(rt, head_type, sh
 def test_drafting_packs_each_weight_once(rt, monkeypatch, head_type):
     """Later steps reuse the packed copies of the first (shared lm_head: a fresh detached view
     each call), and the fused base row is bitwise the lm_head's own output."""
-    from entmtp.calibrate import _row_gemm
+    from entmtp.model import _row_gemm
 
     if not _row_gemm.packing_available():
         pytest.skip("this torch has no oneDNN packed linear")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
-from entmtp.calibrate._model import load_base_model
+from entmtp.model._base_model import load_base_model
+from entmtp.model._heads import new_heads
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._scheduler import StaticScheduler
 from entmtp.treesearch._tree import Tree

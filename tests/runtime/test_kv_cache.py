@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._cache_keyword import cache_keyword
 from entmtp.core import EntmtpError
+from entmtp.model._cache_keyword import cache_keyword
 from entmtp.runtime._decode import SpeculativeDecoder
 from entmtp.runtime._kv_cache import (
     cache_length,

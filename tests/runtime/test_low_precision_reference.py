@@ -24,9 +24,9 @@ import itertools
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
+from entmtp.evaluation._departures import NEAR_TIE_ULPS, check_departure
+from entmtp.model._heads import new_heads
 from entmtp.runtime import SpeculativeDecoder, StaticScheduler, autoregressive_generate
-from entmtp.runtime._departures import NEAR_TIE_ULPS, check_departure
 from entmtp.treesearch._run import reference_tree
 
 VOCAB = 128

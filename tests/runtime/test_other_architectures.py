@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entmtp.calibrate._heads import new_heads
+from entmtp.model._heads import new_heads
+from entmtp.model._static_model import static_support
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
-from entmtp.runtime._static_model import static_support
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import DRAFT_ENTROPY, Schedule

@@ -178,7 +178,7 @@ def test_sampling_modes_are_seeded_and_cold_sampling_is_greedy(rt):
     model = rt.sharp_llama(4)
     prompt = torch.tensor([1, 8, 15, 16, 23, 42])
     reference = rt.greedy_reference(model, prompt, 24)
-    from entmtp.calibrate._heads import new_heads
+    from entmtp.model._heads import new_heads
 
     heads = new_heads(model, head_type="hydra", num_heads=3, seed=0)
     decoder = SpeculativeDecoder(model, heads, topk=4)

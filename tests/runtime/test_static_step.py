@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from entmtp.calibrate._heads import new_heads
 from entmtp.core import EntmtpError
+from entmtp.evaluation._validation import capture_line, runtime_report
+from entmtp.model._heads import new_heads
 from entmtp.runtime._decode import SpeculativeDecoder, autoregressive_generate
 from entmtp.runtime._scheduler import BundleScheduler, StaticScheduler
 from entmtp.runtime._static_step import StepOptions
-from entmtp.runtime._validation import capture_line, runtime_report
 from entmtp.treesearch._estimator import EntropyEstimator
 from entmtp.treesearch._run import reference_tree
 from entmtp.treesearch._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule

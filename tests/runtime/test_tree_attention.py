@@ -10,14 +10,10 @@ import pytest
 import torch
 
 from entmtp.core import EntmtpError
+from entmtp.model._support import check_tree_attention_support
 from entmtp.runtime._kv_cache import new_cache
 from entmtp.runtime._tree_attention import tree_plan
-from entmtp.runtime._verify import (
-    check_tree_attention_support,
-    forward_tokens,
-    probe_tree_attention,
-    tree_forward,
-)
+from entmtp.runtime._verify import forward_tokens, probe_tree_attention, tree_forward
 from entmtp.treesearch._tree import Tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +118,7 @@ def test_unsupported_models_get_a_clear_error(rt):
 
 
 def test_probe_catches_a_model_that_drops_the_tree_mask(rt):
-    from entmtp.calibrate._heads import new_heads
+    from entmtp.model._heads import new_heads
     from entmtp.runtime._decode import SpeculativeDecoder
 
     model = rt.sharp_llama(0)

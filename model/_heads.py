@@ -1,0 +1,1034 @@
+"""Draft heads on a frozen base model (Medusa, Hydra) and their checkpoint formats.
+
+Both head types read the base model's final-norm hidden state ``h_t`` at the last accepted
+position, whose lm_head logits chose the root (pending) token ``x_{t+1}``. Head ``d`` (1-based)
+predicts ``x_{t+1+d}``, the token ``d`` steps after the root.
+
+- Medusa (FasterDecoding/Medusa, ``medusa/model/medusa_model.py``): per head ``num_layers``
+  ResBlocks ``x + SiLU(Linear(x))`` then a vocabulary projection (Linear without bias).
+- Hydra ``mlp`` heads (zankner/Hydra, ``hydra/model/hydra_heads/mlp_head.py``): head ``d`` reads
+  ``[h_t, e(x_{t+1}), ..., e(x_{t+d})]`` (``e``: the base model's input embedding), so it
+  depends on the root and the drafted tokens above it. Its first block maps
+  ``(d + 1) * hidden -> hidden`` with a learned residual projection, later blocks are ResBlocks,
+  and its vocabulary projection is a Linear with bias.
+
+With ``shared_lm_head`` the vocabulary projection is the base model's lm_head, which is never
+stored or hashed. The base input embedding (Hydra) is always shared.
+
+Checkpoint formats read by :func:`load_heads`:
+- entmtp: ``config.json`` (``format: "entmtp-heads"``) + ``heads.safetensors`` (this module's
+  state-dict names; half precision allowed, loaded back in the base model's dtype).
+- Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and
+  ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``; keys ``{head}.{layer}.linear.weight``,
+  ``{head}.{layer}.linear.bias``, ``{head}.{num_layers}.weight`` (the state dict of Medusa's
+  ``medusa_head`` ModuleList). A checkpoint without the projection keys keeps Medusa's
+  initialisation, a copy of the base lm_head, so it loads as a shared lm_head.
+- Hydra: ``config.json`` with ``hydra_num_heads``, ``hydra_num_layers``, ``hydra_head_arch``
+  (only ``"mlp"``), ``grounded_heads``, ``hidden_state_offset`` (only 0) and
+  ``hydra_lm_head.pt``; keys ``hydra_mlp.{head}.{layer}.linear.*``,
+  ``hydra_mlp.{head}.0.res_connection.*`` (grounded heads), ``hydra_lm_head.{head}.weight/bias``
+  (the state dict of Hydra's ``HydraMLP``; its ``input_embed_fn.*`` copy of the base embedding is
+  ignored).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from entmtp.core import (
+    HEAD_TYPES,
+    EntmtpError,
+    check_writable_target,
+    dtype_name,
+    link_refusal,
+    make_folder,
+    may_replace_read_only,
+    own_status,
+    remove_folders,
+)
+from entmtp.treesearch import read_json
+
+from ._row_gemm import project_rows, use_row_kernels, value_version
+
+HEADS_FORMAT = "entmtp-heads"
+HEADS_FORMAT_VERSION = 1
+HEADS_WEIGHTS = "heads.safetensors"
+HEADS_CONFIG = "config.json"
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(Linear(x))``; weight and bias start at zero so a new block is the identity
+    (Medusa zeroes the weight only)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class ConditionedResBlock(nn.Module):
+    """Hydra's first block of a grounded head: ``Residual(x) + SiLU(Linear(x))``, in -> out."""
+
+    def __init__(self, in_size: int, out_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_size, out_size)
+        self.residual = nn.Linear(in_size, out_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        # Start as the identity on the hidden-state part, so a new head begins as the base
+        # model's own next-token guess rather than noise.
+        with torch.no_grad():
+            self.residual.weight.zero_()
+            self.residual.weight[:, :out_size].copy_(torch.eye(out_size))
+            self.residual.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.residual(x) + F.silu(self.linear(x))
+
+
+class DraftHeads(nn.Module):
+    """Base class of the draft heads; see the module docstring for the semantics."""
+
+    head_type: str = ""
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        lm_head: nn.Module | None,
+        projection_bias: bool,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise EntmtpError(
+                f"draft heads need num_heads >= 1 and num_layers >= 1, got {num_heads} and "
+                f"{num_layers}"
+            )
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.base_model_name = ""
+        # (sha256 of the values as loaded, sha256 of the values as stored) of loaded heads.
+        self._loaded_identity: tuple[str, str] | None = None
+        # Kept in a tuple so that nn.Module does not register (store, hash, move) base weights.
+        self._shared_lm_head: tuple[nn.Module, ...] = (lm_head,) if lm_head is not None else ()
+        # Draft vocabulary (sorted token ids [V'] int64), or None for the whole vocabulary.
+        self.register_buffer("draft_vocab", None)
+        # (key, (weight [V', hidden], bias [V'] or None)) per projection: the rows of the draft
+        # vocabulary, kept until the weight changes (see ``draft_projection_weight``).
+        self._draft_rows: dict[int, tuple[tuple[Any, ...], tuple[Tensor, Tensor | None]]] = {}
+        self._draft_column_table: tuple[tuple[Any, ...], Tensor] | None = None
+        self.proj: nn.ModuleList | None = None
+        if lm_head is None:
+            self.proj = nn.ModuleList(
+                nn.Linear(hidden_size, vocab_size, bias=projection_bias) for _ in range(num_heads)
+            )
+
+    @property
+    def shared_lm_head(self) -> bool:
+        return bool(self._shared_lm_head)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _check_depth(self, depth: int) -> None:
+        if not 1 <= depth <= self.num_heads:
+            raise ValueError(f"depth must be in 1..{self.num_heads}, got {depth}")
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        """[N, hidden_size] input of head ``depth``'s vocabulary projection."""
+        raise NotImplementedError
+
+    def projection_weight(self, depth: int) -> tuple[Tensor, Tensor | None]:
+        """(weight [vocab, hidden], bias [vocab] or None) of head ``depth``'s projection."""
+        if self._shared_lm_head:
+            # Detached: training the heads must never touch the frozen base model.
+            lm_head = self._shared_lm_head[0]
+            bias = getattr(lm_head, "bias", None)
+            return lm_head.weight.detach(), bias.detach() if bias is not None else None
+        linear = self.proj[depth - 1]
+        return linear.weight, linear.bias
+
+    def project(self, depth: int, features: Tensor, vocab_ids: Tensor | None = None) -> Tensor:
+        """Logits [N, vocab] (or [N, len(vocab_ids)] over that subset) of head ``depth``."""
+        weight, bias = self.projection_weight(depth)
+        if vocab_ids is not None:
+            weight = weight[vocab_ids]
+            bias = bias[vocab_ids] if bias is not None else None
+        return project_rows(features.to(weight.dtype), weight, bias, reused=vocab_ids is None)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Columns of ``head_logits``: the draft vocabulary's size, else the vocabulary's."""
+        return self.vocab_size if self.draft_vocab is None else int(self.draft_vocab.numel())
+
+    def set_draft_vocab(self, token_ids: Tensor | None) -> None:
+        """Draft over ``token_ids`` only (1-D, distinct, in ``0..vocab_size - 1``; stored
+        sorted), or over the whole vocabulary with None. Part of the heads' identity (sha256)."""
+        self._draft_rows.clear()
+        self._draft_column_table = None
+        if token_ids is None:
+            self.draft_vocab = None
+            return
+        ids = torch.as_tensor(token_ids).detach().to("cpu")
+        problem = draft_vocab_problem(ids, self.vocab_size)
+        if problem is not None:
+            raise EntmtpError(f"draft vocabulary: {problem}")
+        device = next(self.parameters()).device
+        self.draft_vocab = torch.sort(ids.to(torch.int64)).values.to(device)
+
+    def draft_projection_weight(self, depth: int) -> tuple[Tensor, Tensor | None]:
+        """(weight [V', hidden], bias [V'] or None): head ``depth``'s projection restricted to
+        the draft vocabulary (``projection_weight`` without one). The rows are copied once and
+        kept while the weight is unchanged, so a step reads V' rows, not the whole matrix."""
+        weight, bias = self.projection_weight(depth)
+        if self.draft_vocab is None:
+            return weight, bias
+        slot = 0 if self._shared_lm_head else depth
+        key = (*_tensor_key(weight), *_tensor_key(bias), *_tensor_key(self.draft_vocab))
+        cached = self._draft_rows.get(slot)
+        if cached is None or cached[0] != key:
+            vocab = self.draft_vocab.to(weight.device)
+            with torch.no_grad():
+                rows = (weight.detach()[vocab].contiguous(),
+                        None if bias is None else bias.detach()[vocab].contiguous())
+            cached = (key, rows)
+            self._draft_rows[slot] = cached
+        return cached[1]
+
+    def draft_token_ids(self, columns: Tensor) -> Tensor:
+        """Token ids of ``head_logits`` columns (any shape, int64)."""
+        if self.draft_vocab is None:
+            return columns
+        return self.draft_vocab.to(columns.device)[columns]
+
+    def draft_columns(self, token_ids: Tensor) -> Tensor:
+        """``head_logits`` column of each token id (any shape), -1 for a token outside the
+        draft vocabulary or a negative id."""
+        if self.draft_vocab is None:
+            return token_ids
+        vocab = self.draft_vocab
+        key = (vocab.data_ptr(), vocab.device)
+        if self._draft_column_table is None or self._draft_column_table[0] != key:
+            table = torch.full((self.vocab_size,), -1, dtype=torch.int64, device=vocab.device)
+            table[vocab] = torch.arange(len(vocab), device=vocab.device)
+            self._draft_column_table = (key, table)
+        table = self._draft_column_table[1].to(token_ids.device)
+        ids = token_ids.long()
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        return torch.where(inside, table[ids.clamp(0, self.vocab_size - 1)],
+                           torch.full_like(ids, -1))
+
+    def head_logits(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        """[N, draft_vocab_size] logits of head ``depth`` (1-based) over the draft vocabulary
+        (``draft_token_ids`` maps a column to its token; without one, column = token id).
+
+        hidden: [N, hidden_size] base final-norm hidden state at the last accepted position.
+        prefix_tokens: [N, depth] the root token then the drafted tokens at depths
+        1..depth-1 (Hydra reads them; Medusa ignores them and accepts None).
+        """
+        features = self.head_features(depth, hidden, prefix_tokens)  # checks depth first
+        return self.project_draft(depth, features)
+
+    def project_draft(self, depth: int, features: Tensor) -> Tensor:
+        """Logits [N, draft_vocab_size] of head ``depth`` from its projection inputs."""
+        weight, bias = self.draft_projection_weight(depth)
+        return project_rows(features.to(weight.dtype), weight, bias, reused=True)
+
+    def config_dict(self) -> dict[str, Any]:
+        """The structural fields of the entmtp config (no file-level metadata)."""
+        return {
+            "head_type": self.head_type,
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "shared_lm_head": self.shared_lm_head,
+            # Only with a draft vocabulary, so heads without one keep their identity.
+            **({} if self.draft_vocab is None else {"draft_vocab_size": self.draft_vocab_size}),
+        }
+
+    def sha256(self) -> str:
+        """The heads' identity: a hash of their structure and weights, whatever dtype they are
+        loaded in (the hash bundles and profiles record).
+
+        Heads read from a checkpoint hash the values as stored there (upcast to float32, which
+        is exact for fp16 / bf16 storage), so bf16 heads loaded from an fp16 file keep the
+        file's hash, also when cast or moved later. Built heads, and loaded heads whose values
+        changed (trained, edited), hash their current values upcast to float32. A shared base
+        lm_head is not part of it.
+        """
+        current = self._current_sha256()
+        if self._loaded_identity is not None and self._loaded_identity[0] == current:
+            return self._loaded_identity[1]
+        return current
+
+    def _current_sha256(self) -> str:
+        return _weights_sha256(self.config_dict(), self.state_dict())
+
+    def _remember_stored_identity(self, stored_sha256: str) -> None:
+        """Record that the current values came from storage with hash ``stored_sha256``.
+
+        The identity follows the heads through casts and moves (``_apply``); any other change
+        of their values (training, an edit, ``load_state_dict``) drops back to their own hash.
+        """
+        self._loaded_identity = (self._current_sha256(), stored_sha256)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> DraftHeads:
+        identity = getattr(self, "_loaded_identity", None)
+        unchanged = identity is not None and identity[0] == self._current_sha256()
+        result = super()._apply(fn, recurse)
+        if unchanged:
+            self._remember_stored_identity(identity[1])
+        return result
+
+
+class MedusaHeads(DraftHeads):
+    """Medusa heads: ResBlocks on the base hidden state, then a vocabulary projection."""
+
+    head_type = "medusa"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        lm_head: nn.Module | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+            projection_bias=False,
+        )
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)))
+            for _ in range(num_heads)
+        )
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        self._check_depth(depth)
+        return self.blocks[depth - 1](hidden.to(self.dtype))
+
+    def all_head_logits(self, hidden: Tensor) -> Tensor:
+        """[num_heads, N, draft_vocab_size] logits of every head (one projection when shared)."""
+        features = torch.stack(
+            [self.head_features(d, hidden, None) for d in range(1, self.num_heads + 1)]
+        )
+        if self.shared_lm_head:
+            weight, bias = self.draft_projection_weight(1)
+            return F.linear(features.to(weight.dtype), weight, bias)
+        return torch.stack(
+            [self.project_draft(d, features[d - 1]) for d in range(1, self.num_heads + 1)]
+        )
+
+
+class HydraHeads(DraftHeads):
+    """Hydra ``mlp`` heads: head d reads the hidden state and the embeddings of its prefix."""
+
+    head_type = "hydra"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        embed: nn.Module,
+        lm_head: nn.Module | None = None,
+        grounded: bool = True,
+    ) -> None:
+        super().__init__(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+            projection_bias=True,
+        )
+        self.grounded = grounded
+        self._embed: tuple[nn.Module, ...] = (embed,)
+        self.first = nn.ModuleList(
+            ConditionedResBlock((depth + 1) * hidden_size, hidden_size)
+            if grounded
+            else ResBlock(hidden_size)
+            for depth in range(1, num_heads + 1)
+        )
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers - 1)))
+            for _ in range(num_heads)
+        )
+        if self.proj is not None:
+            for linear in self.proj:
+                nn.init.zeros_(linear.bias)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self._embed[0](tokens)
+
+    def head_features(self, depth: int, hidden: Tensor, prefix_tokens: Tensor | None) -> Tensor:
+        self._check_depth(depth)
+        x = hidden.to(self.dtype)
+        if self.grounded:
+            if prefix_tokens is None or prefix_tokens.shape != (x.shape[0], depth):
+                got = None if prefix_tokens is None else tuple(prefix_tokens.shape)
+                raise ValueError(
+                    f"Hydra head {depth} needs prefix_tokens of shape [{x.shape[0]}, {depth}] "
+                    f"(root token, then drafted tokens), got {got}"
+                )
+            embedded = self.embed_tokens(prefix_tokens.to(x.device)).to(x.dtype)
+            x = torch.cat([x, embedded.reshape(x.shape[0], depth * self.hidden_size)], dim=-1)
+        return self.blocks[depth - 1](self.first[depth - 1](x))
+
+    def config_dict(self) -> dict[str, Any]:
+        return {**super().config_dict(), "grounded": self.grounded}
+
+
+MIN_DRAFT_VOCAB = 64  # at least every top-k a tree or a profile takes
+
+
+def _tensor_key(tensor: Tensor | None) -> tuple[Any, ...]:
+    """What changes when ``tensor``'s values may have: storage, version, dtype and device."""
+    if tensor is None:
+        return (None,)
+    return (tensor.data_ptr(), value_version(tensor), tensor.dtype, tensor.device,
+            tuple(tensor.shape))
+
+
+def check_draft_vocab_size(size: int, vocab_size: int, *, option: str) -> None:
+    """Refuse a draft vocabulary size the heads cannot take, naming the ``option`` that gave it."""
+    if not MIN_DRAFT_VOCAB <= size <= vocab_size:
+        raise EntmtpError(f"{option} must be in {MIN_DRAFT_VOCAB}..{vocab_size} (the vocabulary), "
+                          f"got {size}")
+
+
+def draft_vocab_problem(token_ids: Tensor, vocab_size: int) -> str | None:
+    """Why ``token_ids`` cannot be a draft vocabulary of a ``vocab_size`` model, or None."""
+    if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex \
+            or token_ids.dtype == torch.bool:
+        return f"token ids must be integers, got {token_ids.dtype}"
+    if token_ids.dim() != 1:
+        return f"token ids must be one list, got shape {tuple(token_ids.shape)}"
+    count = int(token_ids.numel())
+    if not MIN_DRAFT_VOCAB <= count <= vocab_size:
+        return f"it must hold {MIN_DRAFT_VOCAB} to {vocab_size} tokens, got {count}"
+    ids = token_ids.to(torch.int64)
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        return (f"token ids must lie in 0..{vocab_size - 1}, got {int(ids.min())} .. "
+                f"{int(ids.max())}")
+    if int(torch.unique(ids).numel()) != count:
+        return "a token id appears twice"
+    return None
+
+
+def draft_projection_weight(heads: Any, depth: int) -> tuple[Tensor, Tensor | None]:
+    """Head ``depth``'s projection over its draft vocabulary, for any heads object with a
+    ``projection_weight`` (heads without a draft vocabulary: the whole projection)."""
+    if hasattr(heads, "draft_projection_weight"):
+        return heads.draft_projection_weight(depth)
+    return heads.projection_weight(depth)
+
+
+def draft_token_ids(heads: Any, columns: Tensor) -> Tensor:
+    """Token ids of ``heads.head_logits`` columns (the same tensor without a draft vocabulary)."""
+    return heads.draft_token_ids(columns) if hasattr(heads, "draft_token_ids") else columns
+
+
+def draft_columns(heads: Any, token_ids: Tensor) -> Tensor:
+    """``heads.head_logits`` column of each token id, -1 outside the draft vocabulary (the same
+    tensor without one)."""
+    return heads.draft_columns(token_ids) if hasattr(heads, "draft_columns") else token_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Base model access
+
+
+def unwrap_base(base: Any) -> nn.Module:
+    """The HF causal-LM module, given it or a wrapper with a ``.model`` module attribute."""
+    if isinstance(base, nn.Module) and hasattr(base, "get_output_embeddings"):
+        return base
+    inner = getattr(base, "model", None)
+    if isinstance(inner, nn.Module) and hasattr(inner, "get_output_embeddings"):
+        return inner
+    raise EntmtpError(
+        f"expected a causal language model (transformers PreTrainedModel), got "
+        f"{type(base).__name__}; pass the base model loaded by entmtp"
+    )
+
+
+def base_dimensions(base: Any) -> tuple[int, int]:
+    """(hidden_size, vocab_size) of the base model's lm_head."""
+    lm_head = unwrap_base(base).get_output_embeddings()
+    vocab_size, hidden_size = lm_head.weight.shape
+    return int(hidden_size), int(vocab_size)
+
+
+def new_heads(
+    base: Any,
+    *,
+    head_type: str,
+    num_heads: int = 4,
+    num_layers: int = 1,
+    shared_lm_head: bool = True,
+    grounded: bool = True,
+    seed: int = 0,
+) -> DraftHeads:
+    """Fresh heads for ``base`` (in its dtype and device), initialised as Medusa and Hydra do.
+
+    With an own projection, each head's projection starts as a copy of the base lm_head.
+    """
+    module = unwrap_base(base)
+    hidden_size, vocab_size = base_dimensions(module)
+    lm_head = module.get_output_embeddings()
+    shared = lm_head if shared_lm_head else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        heads = _build_heads(
+            head_type,
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=shared,
+            embed=module.get_input_embeddings(),
+            grounded=grounded,
+        )
+    if heads.proj is not None:
+        with torch.no_grad():
+            for linear in heads.proj:
+                linear.weight.copy_(lm_head.weight)
+    heads.base_model_name = str(getattr(base, "name", "") or _base_model_name(module))
+    parameter = next(module.parameters())
+    heads = heads.to(dtype=parameter.dtype, device=parameter.device).eval()
+    use_row_kernels(heads)  # as load_heads: random heads must time like trained ones
+    return heads
+
+
+def _build_heads(
+    head_type: str,
+    *,
+    num_heads: int,
+    num_layers: int,
+    hidden_size: int,
+    vocab_size: int,
+    lm_head: nn.Module | None,
+    embed: nn.Module,
+    grounded: bool,
+) -> DraftHeads:
+    if head_type == "medusa":
+        return MedusaHeads(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            lm_head=lm_head,
+        )
+    if head_type == "hydra":
+        return HydraHeads(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            embed=embed,
+            lm_head=lm_head,
+            grounded=grounded,
+        )
+    raise EntmtpError(f"unknown head type {head_type!r}; use one of {', '.join(HEAD_TYPES)}")
+
+
+def _base_model_name(module: nn.Module) -> str:
+    config = getattr(module, "config", None)
+    return str(getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "") or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing
+
+
+def _weights_sha256(structure: Mapping[str, Any], state: Mapping[str, Tensor]) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps(dict(structure), sort_keys=True).encode())
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu", torch.float32).contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving (entmtp format)
+
+
+def save_heads(
+    heads: DraftHeads,
+    folder: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = torch.float16,
+    topk_default: int = 10,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``heads`` as an entmtp heads folder (``config.json`` + ``heads.safetensors``).
+
+    The folder is built next to ``folder`` and renamed into place, so readers see the old folder
+    or the new one. ``dtype`` is the storage precision (None keeps the heads' own); ``extra``
+    goes into the config under ``"training"`` (data, seed, wall time, accuracy, ...).
+    """
+    from safetensors.torch import save_file
+
+    target = check_heads_target(folder)
+    parent = target.parent if str(target.parent) else Path(".")
+    created = make_folder(parent)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+    except OSError as err:
+        remove_folders(created)
+        raise EntmtpError(
+            f"cannot write heads to {target}: {err.strerror}; choose a writable --out"
+        ) from err
+    try:
+        state = {
+            name: tensor.detach().to("cpu", (dtype or tensor.dtype) if tensor.is_floating_point()
+                                     else tensor.dtype).contiguous()
+            for name, tensor in heads.state_dict().items()
+        }
+        floating = [tensor for tensor in state.values() if tensor.is_floating_point()]
+        config = {
+            "format": HEADS_FORMAT,
+            "format_version": HEADS_FORMAT_VERSION,
+            **heads.config_dict(),
+            "base_model": heads.base_model_name,
+            "topk_default": int(topk_default),
+            "storage_dtype": dtype_name(floating[0].dtype),
+            "sha256": _weights_sha256(heads.config_dict(), state),
+        }
+        if extra:
+            config["training"] = _finite(dict(extra))
+        save_file(state, str(staging / HEADS_WEIGHTS), metadata={"format": HEADS_FORMAT})
+        with open(staging / HEADS_CONFIG, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(config, indent=2, allow_nan=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        _set_default_permissions(staging)
+        _swap_into_place(staging, target)
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_folders(created)
+        if isinstance(err, OSError):
+            raise EntmtpError(f"cannot write heads to {target}: {err.strerror or err}: free some "
+                              "space or choose another --out") from err
+        raise
+    return target
+
+
+def check_heads_target(folder: str | os.PathLike) -> Path:
+    """``folder`` if ``save_heads`` may write it: absent, or an entmtp heads folder (only
+    config.json and heads.safetensors) that is not read-only (``--force`` replaces that); a link,
+    a file, a device or a folder holding anything else is refused. Checked before training."""
+    target = Path(folder)
+    info = own_status(target, prefix=f"cannot write heads to {target}", fix="choose another --out")
+    if info is None:
+        return target
+    if stat.S_ISLNK(info.st_mode):
+        raise EntmtpError(link_refusal(f"cannot write heads to {target}"))
+    if not stat.S_ISDIR(info.st_mode):
+        raise EntmtpError(f"cannot write heads to {target}: it exists and is not a folder: "
+                          "choose a new folder for --out")
+    others = sorted(p.name for p in target.iterdir() if p.name not in (HEADS_CONFIG,
+                                                                       HEADS_WEIGHTS))
+    if others:
+        raise EntmtpError(f"cannot write heads to {target}: it holds {others[0]!r}, not only "
+                          "entmtp heads, and writing replaces the whole folder: choose a new "
+                          "folder for --out")
+    if not may_replace_read_only() and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP
+                                                             | stat.S_IWOTH):
+        raise EntmtpError(f"cannot write heads to {target}: the folder is read-only: pass "
+                          "--force to replace it, or choose another --out")
+    for name in (HEADS_CONFIG, HEADS_WEIGHTS):
+        check_writable_target(target / name)
+    return target
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has none (an accuracy over no held-out
+    position is NaN), and the heads reader refuses them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _set_default_permissions(folder: Path) -> None:
+    # mkdtemp makes a private folder; the result should look like any folder the user makes.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for child in folder.iterdir():
+        os.chmod(child, 0o666 & ~umask)
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    if not target.is_dir():
+        raise EntmtpError(f"{target} exists and is not a folder; choose another --out")
+    mode = target.stat().st_mode
+    if not mode & stat.S_IWUSR:  # a read-only folder (--force): a folder moves only if writable
+        os.chmod(target, mode | stat.S_IWUSR)
+    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, retired / target.name)
+    os.replace(staging, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def detect_heads_format(path: str | os.PathLike) -> str:
+    """"entmtp", "medusa" or "hydra" for a heads folder; EntmtpError when it is none of them."""
+    return _detect(Path(path), _read_config(Path(path)))
+
+
+def load_heads(path: str | os.PathLike, base: Any, *, dtype: torch.dtype | None = None
+               ) -> DraftHeads:
+    """Load heads from an entmtp, Medusa or Hydra folder onto ``base`` (its device; the heads'
+    own weights in ``dtype``, by default the base's; a shared lm_head stays the base's)."""
+    folder = Path(path)
+    config = _read_config(folder)
+    kind = _detect(folder, config)
+    module = unwrap_base(base)
+    if kind == "entmtp":
+        heads = _load_entmtp(folder, config, module)
+    elif kind == "medusa":
+        heads = _load_medusa(folder, config, module)
+    else:
+        heads = _load_hydra(folder, config, module)
+    # Still the stored values (upcast to float32, exactly): their hash is the heads' identity.
+    heads._remember_stored_identity(heads._current_sha256())
+    parameter = next(module.parameters())
+    heads = heads.to(dtype=dtype or parameter.dtype, device=parameter.device).eval()
+    use_row_kernels(heads)
+    return heads
+
+
+def read_heads_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a heads folder (entmtp, Medusa or Hydra), read and checked."""
+    return _read_config(Path(path))
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    if not folder.is_dir():
+        raise EntmtpError(f"heads path {folder} is not a folder; pass the folder that holds "
+                          "config.json and the head weights")
+    config_path = folder / HEADS_CONFIG
+    if not config_path.exists() and not config_path.is_symlink():
+        raise EntmtpError(f"{folder} has no config.json; it is not an entmtp, Medusa or Hydra "
+                          "heads folder")
+    # nan_as_null: heads trained before save_heads wrote NaN accuracies (no held-out position)
+    # as null carry NaN in their "training" record
+    return read_json(config_path, source=f"heads config {config_path}", nan_as_null=True,
+                     fix="pass an entmtp, Medusa or Hydra heads folder (entmtp heads train "
+                     "writes one)")
+
+
+def _detect(folder: Path, config: Mapping[str, Any]) -> str:
+    if config.get("format") == HEADS_FORMAT:
+        return "entmtp"
+    if "medusa_num_heads" in config:
+        return "medusa"
+    if "hydra_num_heads" in config:
+        return "hydra"
+    raise EntmtpError(
+        f"{folder}/config.json is not a heads config (no format: {HEADS_FORMAT!r}, "
+        "medusa_num_heads or hydra_num_heads)"
+    )
+
+
+def _weights_file(folder: Path, stem: str) -> Path:
+    for suffix in (".safetensors", ".pt"):
+        candidate = folder / f"{stem}{suffix}"
+        if candidate.is_file():
+            return candidate
+    raise EntmtpError(f"{folder} has no {stem}.safetensors or {stem}.pt")
+
+
+def _read_state(path: Path) -> dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # corrupt or foreign file: one line for the user
+        raise EntmtpError(f"cannot read head weights {path}: {err}") from err
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise EntmtpError(f"{path} is not a state dict of tensors")
+    return dict(state)
+
+
+def _int_field(
+    config: Mapping[str, Any], key: str, folder: Path, default: int | None = None
+) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EntmtpError(f"{folder}/config.json: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_base_match(folder: Path, hidden_size: int, vocab_size: int, module: nn.Module) -> None:
+    base_hidden, base_vocab = base_dimensions(module)
+    if hidden_size != base_hidden or vocab_size != base_vocab:
+        raise EntmtpError(
+            f"heads in {folder} are for hidden size {hidden_size} and vocabulary {vocab_size}, "
+            f"but the base model has {base_hidden} and {base_vocab}; pass the base model the "
+            "heads were trained for (--model)"
+        )
+
+
+def _load_state_into(heads: DraftHeads, state: Mapping[str, Tensor], source: Path) -> None:
+    expected = heads.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise EntmtpError(f"head weights {source} do not match their config: {detail}")
+    for name, tensor in expected.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise EntmtpError(
+                f"head weights {source}: {name} has shape {tuple(state[name].shape)}, expected "
+                f"{tuple(tensor.shape)}; the heads do not fit this base model"
+            )
+    heads.load_state_dict({name: state[name].to(torch.float32) if expected[name].is_floating_point()
+                           else state[name] for name in expected})
+
+
+def _load_entmtp(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    version = config.get("format_version", HEADS_FORMAT_VERSION)
+    if not isinstance(version, int) or version > HEADS_FORMAT_VERSION:
+        raise EntmtpError(
+            f"{folder}: heads format_version {version!r} is newer than this entmtp reads "
+            f"({HEADS_FORMAT_VERSION}); upgrade entmtp"
+        )
+    head_type = config.get("head_type")
+    if head_type not in HEAD_TYPES:
+        raise EntmtpError(f"{folder}/config.json: head_type must be medusa or hydra, got "
+                          f"{head_type!r}")
+    hidden_size = _int_field(config, "hidden_size", folder)
+    vocab_size = _int_field(config, "vocab_size", folder)
+    _check_base_match(folder, hidden_size, vocab_size, module)
+    heads = _build_heads(
+        head_type,
+        num_heads=_int_field(config, "num_heads", folder),
+        num_layers=_int_field(config, "num_layers", folder),
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        lm_head=module.get_output_embeddings() if config.get("shared_lm_head", True) else None,
+        embed=module.get_input_embeddings(),
+        grounded=bool(config.get("grounded", True)),
+    )
+    weights = folder / HEADS_WEIGHTS
+    if not weights.is_file():
+        raise EntmtpError(f"{folder} has no {HEADS_WEIGHTS}")
+    state = _read_state(weights)
+    heads.set_draft_vocab(_stored_draft_vocab(state, config, folder, vocab_size))
+    _load_state_into(heads, state, weights)
+    heads.base_model_name = str(config.get("base_model", ""))
+    return heads
+
+
+def _stored_draft_vocab(state: Mapping[str, Tensor], config: Mapping[str, Any], folder: Path,
+                        vocab_size: int) -> Tensor | None:
+    """The stored draft vocabulary (checked against the config's ``draft_vocab_size``)."""
+    ids = state.get("draft_vocab")
+    size = config.get("draft_vocab_size")
+    if ids is None and size is None:
+        return None
+    if ids is None or size is None:
+        where = HEADS_WEIGHTS if ids is None else "config.json"
+        raise EntmtpError(f"{folder}: a draft vocabulary is half stored (nothing in {where}); "
+                          "write the heads again with entmtp heads draft-vocab")
+    problem = draft_vocab_problem(ids, vocab_size)
+    if problem is None and (isinstance(size, bool) or size != int(ids.numel())):
+        problem = f"config.json says draft_vocab_size {size!r} but it holds {int(ids.numel())}"
+    if problem is None and not bool((ids[1:] > ids[:-1]).all()):
+        problem = "token ids are not sorted"
+    if problem is not None:
+        raise EntmtpError(f"{folder}: draft vocabulary: {problem}; write the heads again with "
+                          "entmtp heads draft-vocab")
+    return ids
+
+
+def _same_as_lm_head(weight: Tensor, bias: Tensor | None, lm_head: nn.Module) -> bool:
+    base_weight = lm_head.weight.detach().to("cpu")
+    if tuple(weight.shape) != tuple(base_weight.shape):
+        return False
+    if bias is not None and bool(bias.any()):
+        return False
+    return torch.equal(weight.to(base_weight.dtype), base_weight)
+
+
+def _shared_or_own(
+    state: Mapping[str, Tensor], keys: list[tuple[str, str | None]], lm_head: nn.Module, path: Path
+) -> bool:
+    """True when every head's projection is absent or a copy of the base lm_head (-> share)."""
+    present = [weight_key in state for weight_key, _ in keys]
+    if any(present) and not all(present):
+        raise EntmtpError(f"{path}: some heads have a vocabulary projection and some do not")
+    if not any(present):
+        return True
+    return all(
+        _same_as_lm_head(state[w], state.get(b) if b else None, lm_head) for w, b in keys
+    )
+
+
+def _load_medusa(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    num_heads = _int_field(config, "medusa_num_heads", folder)
+    num_layers = _int_field(config, "medusa_num_layers", folder, default=1)
+    path = _weights_file(folder, "medusa_lm_head")
+    state = _strip_prefix(_read_state(path), "medusa_head.")
+    hidden_size, vocab_size = base_dimensions(module)
+    first = state.get("0.0.linear.weight")
+    if first is None:
+        raise EntmtpError(f"{path} has no key 0.0.linear.weight; it is not a Medusa head file")
+    projection = state.get(f"0.{num_layers}.weight")
+    _check_base_match(
+        folder,
+        int(first.shape[1]),
+        int(projection.shape[0]) if projection is not None else vocab_size,
+        module,
+    )
+    lm_head = module.get_output_embeddings()
+    keys = [(f"{h}.{num_layers}.weight", None) for h in range(num_heads)]
+    shared = _shared_or_own(state, keys, lm_head, path)
+    heads = MedusaHeads(
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        lm_head=lm_head if shared else None,
+    )
+    own: dict[str, Tensor] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            for part in ("weight", "bias"):
+                own[f"blocks.{h}.{layer}.linear.{part}"] = _take(
+                    state, f"{h}.{layer}.linear.{part}", path
+                )
+        if not shared:
+            own[f"proj.{h}.weight"] = state[f"{h}.{num_layers}.weight"]
+    _load_state_into(heads, own, path)
+    heads.base_model_name = str(config.get("base_model_name_or_path", ""))
+    return heads
+
+
+def _load_hydra(folder: Path, config: Mapping[str, Any], module: nn.Module) -> DraftHeads:
+    arch = config.get("hydra_head_arch", "mlp")
+    if arch != "mlp":
+        raise EntmtpError(
+            f"{folder}: Hydra head architecture {arch!r} is not supported; entmtp reads "
+            "hydra_head_arch 'mlp' only"
+        )
+    if config.get("hidden_state_offset", 0):
+        raise EntmtpError(
+            f"{folder}: Hydra heads with hidden_state_offset "
+            f"{config.get('hidden_state_offset')} read an inner layer, which is not supported; "
+            "entmtp feeds the final-norm hidden state (offset 0)"
+        )
+    num_heads = _int_field(config, "hydra_num_heads", folder)
+    num_layers = _int_field(config, "hydra_num_layers", folder, default=1)
+    grounded = bool(config.get("grounded_heads", False))
+    path = _weights_file(folder, "hydra_lm_head")
+    state = _read_state(path)
+    first = state.get("hydra_mlp.0.0.linear.weight")
+    projection = state.get("hydra_lm_head.0.weight")
+    if first is None or projection is None:
+        raise EntmtpError(f"{path} has no hydra_mlp.0.0.linear.weight or "
+                          "hydra_lm_head.0.weight; it is not a Hydra mlp head file")
+    hidden_size = int(first.shape[0])
+    _check_base_match(folder, hidden_size, int(projection.shape[0]), module)
+    if int(first.shape[1]) != (2 if grounded else 1) * hidden_size:
+        raise EntmtpError(
+            f"{path}: first Hydra block reads {int(first.shape[1])} features, which does not "
+            f"match grounded_heads={grounded} with hidden size {hidden_size}"
+        )
+    vocab_size = int(projection.shape[0])
+    lm_head = module.get_output_embeddings()
+    keys = [(f"hydra_lm_head.{h}.weight", f"hydra_lm_head.{h}.bias") for h in range(num_heads)]
+    shared = _shared_or_own(state, keys, lm_head, path)
+    heads = HydraHeads(
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        embed=module.get_input_embeddings(),
+        lm_head=lm_head if shared else None,
+        grounded=grounded,
+    )
+    own: dict[str, Tensor] = {}
+    for h in range(num_heads):
+        for part in ("weight", "bias"):
+            own[f"first.{h}.linear.{part}"] = _take(state, f"hydra_mlp.{h}.0.linear.{part}", path)
+            if grounded:
+                own[f"first.{h}.residual.{part}"] = _take(
+                    state, f"hydra_mlp.{h}.0.res_connection.{part}", path
+                )
+            for layer in range(1, num_layers):
+                own[f"blocks.{h}.{layer - 1}.linear.{part}"] = _take(
+                    state, f"hydra_mlp.{h}.{layer}.linear.{part}", path
+                )
+        if not shared:
+            own[f"proj.{h}.weight"] = state[f"hydra_lm_head.{h}.weight"]
+            bias = state.get(f"hydra_lm_head.{h}.bias")
+            own[f"proj.{h}.bias"] = bias if bias is not None else torch.zeros(vocab_size)
+    _load_state_into(heads, own, path)
+    heads.base_model_name = str(config.get("base_model_name_or_path", ""))
+    return heads
+
+
+def _strip_prefix(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    if state and all(name.startswith(prefix) for name in state):
+        return {name[len(prefix):]: tensor for name, tensor in state.items()}
+    return state
+
+
+def _take(state: Mapping[str, Tensor], key: str, path: Path) -> Tensor:
+    if key not in state:
+        raise EntmtpError(f"head weights {path} lack {key}; the file does not match its config")
+    return state[key]
