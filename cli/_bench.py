@@ -75,7 +75,7 @@ from ._model_setup import (
     task_option,
 )
 from ._plots import check_plots
-from .app import app
+from ._typer_app import app
 
 
 def load_targets(path: Path) -> tuple[Any, ...]:

@@ -29,7 +29,7 @@ from ._model_setup import (
     task_option,
 )
 from ._progress import ConsoleReporter
-from .app import app
+from ._typer_app import app
 
 _DEFAULT = CalibrateArguments()
 

@@ -32,7 +32,7 @@ from ._model_setup import (
     PAD_OPTION,
     check_engine,
 )
-from .app import app
+from ._typer_app import app
 
 STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
 

@@ -12,7 +12,7 @@ from entmtp.calibrate import DEMO_LATENCIES, DEMO_SCHEDULE_TRIALS, demo_run
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION, SEED_OPTION
 from ._progress import ConsoleReporter
-from .app import app
+from ._typer_app import app
 
 
 @app.command()

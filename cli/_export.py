@@ -18,7 +18,7 @@ from entmtp.treesearch import (
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
-from .app import app
+from ._typer_app import app
 
 
 def resolve_bundle_path(source: Path) -> Path:

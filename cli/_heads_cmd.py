@@ -28,7 +28,7 @@ from ._model_setup import (
     load_base,
 )
 from ._progress import progress_bar
-from .app import app
+from ._typer_app import app
 
 heads_app = typer.Typer(no_args_is_help=True, help="Draft heads: make training data, train "
                         "Medusa / Hydra heads.")

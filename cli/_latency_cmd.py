@@ -38,7 +38,7 @@ from ._model_setup import (
 )
 from ._plots import check_plots
 from ._progress import ConsoleReporter, warn
-from .app import app
+from ._typer_app import app
 
 
 # -- option parsing --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
 from ._plots import check_plots, plot_acceptance_curves, plot_fronts, plot_tree
 from ._progress import ConsoleReporter
-from .app import app
+from ._typer_app import app
 
 
 def _front_table(title: str, front: list[dict]) -> Table:

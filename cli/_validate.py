@@ -67,7 +67,7 @@ from ._model_setup import (
     split_option,
     task_option,
 )
-from .app import app
+from ._typer_app import app
 
 MAX_MISMATCHES_SHOWN = 10
 

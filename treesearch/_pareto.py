@@ -3,31 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from ._acceptance import PrefixTable, bucket_of, prefix_table
+from ._candidate import _SOURCE_PRIORITY, DEFAULT_STUDY_NAME, CandidateSource, TreeCandidate
 from ._greedy import _tree_from_rows, best_trees_from_table, greedy_accept_lengths
 from ._latency import LatencyModel
 from ._tree import Tree
-
-DEFAULT_STUDY_NAME = "entmtp-tree-shapes"
-CandidateSource = Literal["greedy", "optuna", "reference"]
-_SOURCE_PRIORITY = {"reference": 0, "greedy": 1, "optuna": 2}
-
-
-@dataclass(frozen=True)
-class TreeCandidate:
-    tree: Tree
-    expected_accept_length: float  # tokens per step on the positions it was scored on
-    latency_ms: float  # modelled draft + verify ms of one step
-    source: CandidateSource = "greedy"
-
-    @property
-    def tokens_per_ms(self) -> float:
-        return self.expected_accept_length / self.latency_ms if self.latency_ms > 0 else np.inf
 
 
 def _tie_key(candidate: TreeCandidate) -> tuple:

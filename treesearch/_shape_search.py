@@ -22,9 +22,9 @@ import numpy as np
 from entmtp.core import EntmtpError
 
 from ._acceptance import PrefixTable, prefix_table
+from ._candidate import DEFAULT_STUDY_NAME, TreeCandidate
 from ._greedy import _tree_from_rows
 from ._latency import LatencyModel
-from ._pareto import DEFAULT_STUDY_NAME, TreeCandidate
 from ._storage import import_optuna, open_storage
 
 
