@@ -41,8 +41,8 @@ from entmtp.calibrate import (
     read_head_data_index,
     record_trajectories,
 )
+from entmtp.calibrate._head_examples import _examples
 from entmtp.calibrate._train import (
-    _examples,
     _frequent_tokens,
     batch_loss,
     optimizer_step,

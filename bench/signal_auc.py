@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from entmtp.calibrate import TASKS, generate_trajectories, load_prompts
-from entmtp.calibrate._train import _examples, _prefixes
+from entmtp.calibrate._head_examples import _examples, _prefixes
 from entmtp.model import SHIPPED_HEADS, load_base_model, load_heads, shipped_heads_path
 
 

@@ -41,7 +41,6 @@ from entmtp.calibrate import (
     TASKS,
     Trajectory,
     accuracy_table,
-    fit_heads,
     generate_trajectories,
     head_accuracy,
     load_prompts,
@@ -49,6 +48,7 @@ from entmtp.calibrate import (
     read_jsonl_items,
     save_trajectories,
     text_trajectories,
+    train_on_trajectories,
 )
 from entmtp.calibrate._tasks import _is_creative_request, _iter_json_array, _usable_prompt
 from entmtp.model import load_base_model, new_heads, save_heads
@@ -436,18 +436,17 @@ def train_one(base, head_type, train, evals, args) -> tuple[object, dict]:
         base, head_type=head_type, num_heads=args.num_heads, num_layers=args.num_layers,
         shared_lm_head=True, seed=args.seed,
     )
-    began = time.perf_counter()
-    losses = fit_heads(
-        heads, train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-        softmax_vocab="batch", frequent_tokens=args.frequent_tokens,
-        random_negatives=args.random_negatives,
+    # every trajectory trains (no held-out share): the tasks' heldout splits evaluate
+    report = train_on_trajectories(
+        heads, train, mode="trajectories", epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size, seed=args.seed, heldout_fraction=0.0, softmax_vocab="batch",
+        frequent_tokens=args.frequent_tokens, random_negatives=args.random_negatives,
     )
-    seconds = time.perf_counter() - began
     accuracy = {task: head_accuracy(heads, trajectories) for task, trajectories in evals.items()}
     accuracy["all tasks"] = head_accuracy(heads, [t for ts in evals.values() for t in ts])
     return heads, {
-        "epoch_losses": [round(loss, 4) for loss in losses],
-        "training_seconds": round(seconds, 1),
+        "epoch_losses": [round(loss, 4) for loss in report.epoch_losses],
+        "training_seconds": round(report.training_seconds, 1),
         "accuracy": {task: [vars(a) for a in accs] for task, accs in accuracy.items()},
         "table": accuracy_table(accuracy),
     }

@@ -43,7 +43,7 @@ from entmtp.core import EntmtpError, atomic_write, atomic_write_json, dtype_name
 from entmtp.model import greedy_generate, unwrap_base
 from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
-from ._train import (
+from ._trajectories import (
     Progress,
     Trajectory,
     _eos_ids,

@@ -1,8 +1,8 @@
-"""`entmtp heads train`: Medusa / Hydra draft heads for a frozen base model (calibrate._train)."""
+"""`entmtp heads train`: Medusa / Hydra draft heads for a frozen base model (the library call is
+``entmtp.calibrate.train_heads_run``)."""
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from entmtp.calibrate import TrainArguments, train_heads_run
 from entmtp.treesearch import EntmtpError
 
 from ._errors import user_errors
@@ -18,13 +19,11 @@ from ._model_setup import (
     DEVICE_OPTION,
     DTYPE_OPTION,
     FORCE_OPTION,
-    HEAD_TYPES,
     MODEL_OPTION,
     SEED_OPTION,
     check_device_and_dtype,
     check_output_folder,
     check_outputs,
-    deadline_after,
     load_base,
 )
 from ._progress import progress_bar
@@ -36,7 +35,6 @@ app.add_typer(heads_app, name="heads")
 
 STAGE_NAMES = {"generate": "generating trajectories", "forward": "teacher-forced forward",
                "teacher": "teacher distribution", "train": "training"}
-LOSSES = ("full", "batch", "seen")
 
 
 def accuracy_table(report: Any) -> Table:
@@ -72,17 +70,24 @@ class StageProgress:
         self.bar.update(self.jobs[stage], completed=done, total=total)
 
 
-def training_prompts(tasks: list[str], data: str | None, *, split: str, num_prompts: int,
-                     seed: int) -> list[Any]:
-    from entmtp.calibrate import load_prompts
+class TrainProgress(StageProgress):
+    """A ``StageProgress`` whose bar starts at the first callback: while the arguments are
+    checked and the model loads (or downloads, with its own progress bars) it holds nothing."""
 
-    if data is not None:
-        return load_prompts(tasks[0] if tasks else "chat", data=data, split=split,
-                            num_prompts=num_prompts, seed=seed)
-    prompts: list[Any] = []
-    for task in tasks:
-        prompts += load_prompts(task, split=split, num_prompts=num_prompts, seed=seed)
-    return prompts
+    started = False
+
+    def __enter__(self) -> TrainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:
+            super().__exit__(*exc)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.started:
+            self.started = True
+            super().__enter__()
+        super().__call__(stage, done, total)
 
 
 @heads_app.command("train")
@@ -157,115 +162,18 @@ def train(
 
     Example: entmtp heads train --type hydra --from-data data/smollm2 --out heads/h
     """
-    device, dtype_name = check_device_and_dtype(device, dtype)
+    arguments = TrainArguments(
+        head_type=head_type, out=out, model=model, tasks=task, data=data, from_data=from_data,
+        allow_unfinished=allow_unfinished, from_shard=from_shard, split=split, prompts=prompts,
+        mode=mode, num_heads=num_heads, num_layers=num_layers, init_heads=init_heads,
+        epochs=epochs, lr=lr, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        heldout_fraction=heldout_fraction, seed=seed, loss=loss, distill=distill,
+        forward_batch=forward_batch, hidden_cache=hidden_cache, max_seconds=max_seconds,
+        device=device, dtype=dtype)
     console = Console()
-    if head_type not in HEAD_TYPES:
-        raise EntmtpError(f"--type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
-    deadline = deadline_after(max_seconds)
-    if (num_heads is not None and num_heads < 1) or (num_layers is not None and num_layers < 1):
-        raise EntmtpError("--num-heads and --num-layers must be at least 1")
-    if init_heads is not None and not init_heads.is_dir():
-        raise EntmtpError(f"--init-heads {init_heads} is not a folder: give an entmtp heads "
-                          "folder (config.json + heads.safetensors)")
-    if max_new_tokens < 1:
-        raise EntmtpError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise EntmtpError(f"--lr {lr}: use a positive finite learning rate such as 1e-3")
-    if not (math.isfinite(heldout_fraction) and 0 <= heldout_fraction < 1):
-        raise EntmtpError(f"--heldout-fraction {heldout_fraction}: use a fraction in [0, 1)")
-    if epochs < 1 or batch_size < 1 or prompts < 1:
-        raise EntmtpError("--epochs, --batch-size and --prompts must be at least 1")
-    if loss not in LOSSES:
-        raise EntmtpError(f"--loss {loss!r}: use one of {', '.join(LOSSES)}")
-    if forward_batch < 1:
-        raise EntmtpError(f"--forward-batch must be at least 1, got {forward_batch}")
-    if distill < 0 or (distill and loss == "seen"):
-        raise EntmtpError(f"--distill {distill} with --loss {loss}: give a top-K of at least 1 "
-                          "(0: no distillation) with --loss full or batch")
-    if hidden_cache and not from_data:
-        raise EntmtpError("--hidden-cache keeps the hidden states of --from-data: give both")
-    if hidden_cache and len(hidden_cache) != len(from_data):
-        raise EntmtpError(f"{len(hidden_cache)} --hidden-cache files for {len(from_data)} "
-                          "--from-data folders: give one file per folder, in the same order")
-    if from_shard and len(from_shard) != len(from_data):
-        raise EntmtpError(f"{len(from_shard)} --from-shard values for {len(from_data)} "
-                          "--from-data folders: give one per folder, in the same order")
-    if any(first < 0 for first in from_shard):
-        raise EntmtpError(f"--from-shard {min(from_shard)}: give a shard number of at least 0")
-    for path in hidden_cache:
-        if path.is_dir():
-            raise EntmtpError(f"--hidden-cache {path} is a folder: name a file")
-    if len(set(map(Path.resolve, from_data))) != len(from_data):
-        raise EntmtpError("--from-data names a folder twice: give each folder once")
-    from entmtp.model import check_heads_target
-
-    check_heads_target(out)  # before hours of training, not after
-    if from_data:
-        from entmtp.calibrate import read_head_data_index
-
-        for folder in from_data:  # a missing or foreign folder fails before the model loads
-            read_head_data_index(folder)
-        items: list[Any] = []
-    else:
-        items = training_prompts(task, data, split=split, num_prompts=prompts, seed=seed)
-
-    from entmtp.calibrate import train_heads, train_on_trajectories
-    from entmtp.model import save_heads
-
-    base = load_base(model, device=device, dtype=dtype)
-    heads, init = _initial_heads(base, head_type, num_heads, num_layers, init_heads, seed)
-    started = time.perf_counter()
-    source: dict[str, Any]
-    with StageProgress(console) as progress:
-        if from_data:
-            from entmtp.calibrate import (
-                cached_trajectories,
-                check_first_shard,
-                read_head_data,
-                trajectories_from_shard,
-            )
-
-            caches: list[Path | None] = list(hidden_cache) or [None] * len(from_data)
-            first_shards = list(from_shard) or [0] * len(from_data)
-            head_datas = [read_head_data(folder, base, allow_unfinished=allow_unfinished)
-                          for folder in from_data]
-            for head_data, first in zip(head_datas, first_shards, strict=True):
-                check_first_shard(head_data.index, first)  # before the forward, not after
-            trajectories = []
-            folders = []
-            for head_data, cache, first in zip(head_datas, caches, first_shards, strict=True):
-                # the states of the skipped shards are not kept alive through training
-                trajectories += trajectories_from_shard(
-                    head_data, cached_trajectories(base, head_data, cache,
-                                                   batch_size=forward_batch, progress=progress),
-                    first)
-                folders.append(_head_data_record(head_data.index, first))
-            report = train_on_trajectories(
-                heads, trajectories, mode="head-data", epochs=epochs, lr=lr,
-                batch_size=batch_size, seed=seed, progress=progress,
-                heldout_fraction=heldout_fraction, softmax_vocab=loss, distill_topk=distill,
-                deadline=deadline,
-            )
-            source = {"head_data": folders}
-        else:
-            report = train_heads(
-                base, heads, texts_or_prompts=items, mode=mode, epochs=epochs, lr=lr,
-                batch_size=batch_size, seed=seed, max_new_tokens=max_new_tokens,
-                progress=progress, heldout_fraction=heldout_fraction, softmax_vocab=loss,
-                distill_topk=distill, deadline=deadline,
-            )
-            source = {"tasks": None if data else list(task), "data": data, "split": split,
-                      "prompts": len(items)}
-    training = {
-        **report.to_dict(),
-        "model": base.name,
-        "device": device,
-        "dtype": dtype_name,  # the base model's; the heads trained in float32
-        **source,
-        **init,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    path = save_heads(heads, out, extra=training)
+    with TrainProgress(console) as progress:
+        trained = train_heads_run(arguments, progress)
+    report = trained.report
     losses = report.epoch_losses
     if report.steps < report.planned_steps:
         console.print(f"--max-seconds: trained {report.steps} of {report.planned_steps} "
@@ -278,50 +186,7 @@ def train(
     else:
         console.print("no held-out trajectories: raise --heldout-fraction or --prompts for an "
                       "accuracy table")
-    console.print(f"wrote {path}")
-
-
-def _head_data_record(index: dict[str, Any], first_shard: int = 0) -> dict[str, Any]:
-    """What a heads config records of one head-data folder it trained on (shards
-    ``first_shard`` on)."""
-    trained = index["shards"][first_shard:]
-    return {"plan_sha256": index["plan_sha256"],
-            "shards": f"{len(index['shards'])} of {index['num_shards']}",
-            "first_shard": first_shard,
-            "sources": index["sources"],
-            "records": sum(s["records"] for s in trained),
-            "tokens": sum(s["tokens"] for s in trained)}
-
-
-def _initial_heads(base: Any, head_type: str, num_heads: int | None, num_layers: int | None,
-                   init_heads: Path | None, seed: int) -> tuple[Any, dict[str, Any]]:
-    """(the heads training starts from, the record of where they came from)."""
-    import torch
-
-    from entmtp.model import load_heads, new_heads, read_heads_config
-
-    if init_heads is None:
-        heads = new_heads(base.model, head_type=head_type, num_heads=num_heads or 4,
-                          num_layers=num_layers or 1, seed=seed)
-        return heads, {}
-    # float32, as training keeps them: loaded in a bf16 base's dtype they would start from
-    # weights rounded to bf16's 8 significant bits
-    heads = load_heads(init_heads, base.model, dtype=torch.float32)
-    if heads.head_type != head_type:
-        raise EntmtpError(f"--init-heads {init_heads} holds {heads.head_type} heads, not "
-                          f"{head_type}: give --type {heads.head_type} or other heads")
-    for option, asked, held in (("--num-heads", num_heads, heads.num_heads),
-                                ("--num-layers", num_layers, heads.num_layers)):
-        if asked is not None and asked != held:
-            raise EntmtpError(f"{option} {asked} differs from --init-heads {init_heads}, which "
-                              f"has {held}: leave {option} out to keep its count")
-    # by digest, not by this machine's path (a shipped config names no local folder)
-    record: dict[str, Any] = {"init_heads": {"sha256": heads.sha256()}}
-    # the draft vocabulary travels with the weights; so does the record of where it came from
-    init_training = read_heads_config(init_heads).get("training", {})
-    if heads.draft_vocab is not None and "draft_vocab" in init_training:
-        record["draft_vocab"] = init_training["draft_vocab"]
-    return heads, record
+    console.print(f"wrote {trained.path}")
 
 
 @heads_app.command("data")

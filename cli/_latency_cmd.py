@@ -17,7 +17,14 @@ import typer
 from rich.console import Console
 
 from entmtp.calibrate import check_latency_model, retarget_run, source_run
-from entmtp.core import STATIC_ENGINE, SYNTHETIC_LABEL, EntmtpError, all_or_none, hardware_label
+from entmtp.core import (
+    STATIC_ENGINE,
+    SYNTHETIC_LABEL,
+    EntmtpError,
+    all_or_none,
+    deadline_after,
+    hardware_label,
+)
 from entmtp.evaluation import measure_latency
 from entmtp.treesearch import MAX_TREE_NODES, LatencyModel, load_bundle
 
@@ -34,7 +41,6 @@ from ._model_setup import (
     STRICT_OPTION,
     check_engine,
     check_outputs,
-    deadline_after,
 )
 from ._plots import check_plots
 from ._progress import ConsoleReporter, warn

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-import time
 from pathlib import Path
 
 import typer
@@ -49,17 +47,6 @@ def check_outputs(*paths: Path | None) -> None:
     for path in paths:
         if path is not None:
             check_writable_target(path)
-
-
-def deadline_after(max_seconds: float | None) -> float | None:
-    """The ``time.monotonic()`` value ``--max-seconds`` from now (None: no deadline); refuses a
-    value that is not a positive finite number of seconds."""
-    started = time.monotonic()
-    if max_seconds is None:
-        return None
-    if not (math.isfinite(max_seconds) and max_seconds > 0):
-        raise EntmtpError(f"--max-seconds {max_seconds}: give a positive number of seconds")
-    return started + max_seconds
 
 
 # --engine and --graphs of every command that decodes or times steps (latency, bench, validate,

@@ -8,6 +8,7 @@ Importing it imports neither torch nor transformers.
 from ._atomic import (
     all_or_none,
     atomic_write,
+    atomic_write_folder,
     atomic_write_json,
     atomic_write_text,
     check_output_folder,
@@ -19,6 +20,7 @@ from ._atomic import (
     remove_folders,
     replacing_read_only,
 )
+from ._deadline import deadline_after
 from ._errors import EntmtpError
 from ._extras import EXTRA_OF_MODULE, missing_extra
 from ._hardware import (
@@ -45,6 +47,7 @@ from ._names import (
 from ._paths import user_cache_dir
 
 __all__ = [
+    "deadline_after",
     "user_cache_dir",
     "DTYPE_ALIASES",
     "DTYPE_NAMES",
@@ -59,6 +62,7 @@ __all__ = [
     "EntmtpError",
     "all_or_none",
     "atomic_write",
+    "atomic_write_folder",
     "atomic_write_json",
     "atomic_write_text",
     "check_output_folder",

@@ -1,11 +1,12 @@
-"""Atomic file writes: a temp file in the same folder, fsync, then rename.
+"""Atomic file and folder writes: a temp file (or folder) in the same folder, fsync, rename.
 
-The one way entmtp writes a file. The target must be a regular file or absent: a folder, a
-symbolic link, a device node, a pipe or a read-only file is refused before anything is written
-(a rename would replace the link or the device node itself with a regular file). An OS error
-(disk full, permission denied) becomes one ``EntmtpError`` line, and nothing is left behind: no
-temp file, and no folder that this write created. A read-only target is replaced only inside
-``replacing_read_only()`` (the command line's ``--force``).
+The one way entmtp writes a file, or a whole folder (``atomic_write_folder``). The target of a
+file write must be a regular file or absent: a folder, a symbolic link, a device node, a pipe or
+a read-only file is refused before anything is written (a rename would replace the link or the
+device node itself with a regular file). An OS error (disk full, permission denied) becomes one
+``EntmtpError`` line, and nothing is left behind: no temp file, and no folder that this write
+created. A read-only target is replaced only inside ``replacing_read_only()`` (the command
+line's ``--force``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextvars
 import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -229,6 +231,159 @@ def all_or_none() -> Iterator[None]:
                 pass
             remove_folders(created)
 
+
+def atomic_write_folder(path: str | os.PathLike, build: Callable[[Path], None], *,
+                        replace: bool = True, prefix: str | None = None,
+                        option: str = "output path",
+                        replace_read_only: bool | None = None) -> Path:
+    """Write the folder ``path`` through ``build(staging)`` so that readers find the old folder
+    or the new one under its name, never a part of either.
+
+    ``build`` fills ``staging``, a new empty folder beside ``path`` under a temporary name;
+    then its files are synced, given the permissions a plain mkdir / open would have, and the
+    folder is renamed into place. With ``replace`` a folder already at ``path`` is first
+    renamed aside (for an instant between the two renames nothing is at ``path``) and removed
+    once the new one is in; without it, a folder found at ``path`` by then (another writer's
+    finished copy) is kept and the new one dropped.
+
+    Refused before anything is written: a symbolic link, a file, a device or a pipe at
+    ``path``, and (with ``replace``) a read-only folder outside ``replacing_read_only()``;
+    ``replace_read_only``: None follows ``replacing_read_only()``. On any error nothing is left
+    behind: no temp folder, no parent folder this call created, and an old folder stays where
+    it was (should putting it back fail too, in a hidden folder beside it). What ``build``
+    raises passes through; an OS error of the writer's own steps becomes one
+    ``EntmtpError`` line that starts with ``prefix`` (by default ``cannot write PATH``) and
+    names ``option`` (where the path came from, e.g. ``--out``) in its fix.
+    """
+    if replace_read_only is None:
+        replace_read_only = may_replace_read_only()
+    target = Path(path)
+    prefix = prefix or f"cannot write {target}"
+    may_replace = replace_read_only or not replace  # a folder that is kept may be read-only
+    _check_folder_target(target, prefix=prefix, option=option, replace_read_only=may_replace)
+    parent = target.parent if str(target.parent) else Path(".")
+    created = make_folder(parent)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent))
+    except OSError as err:
+        remove_folders(created)
+        raise EntmtpError(f"{prefix}: {err.strerror}; choose a writable {option}") from err
+    try:
+        # The folder's own files are written now, not at the end of an all_or_none() block.
+        token = _PENDING.set(None)
+        try:
+            build(staging)
+        finally:
+            _PENDING.reset(token)
+        try:
+            _finish_folder(staging)
+            if replace:
+                info = _check_folder_target(target, prefix=prefix, option=option,
+                                            replace_read_only=may_replace)
+                _swap_in(staging, target, info)
+            else:
+                _move_in_unless_there(staging, target)
+        except OSError as err:
+            raise EntmtpError(f"{prefix}: {err.strerror or err}: free some space or choose "
+                              f"another {option}") from err
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_folders(created)
+        raise
+    return target
+
+
+def _check_folder_target(target: Path, *, prefix: str, option: str,
+                         replace_read_only: bool) -> os.stat_result | None:
+    """``target``'s own status if a folder may be renamed onto it (None: absent); refuses a
+    link, anything not a folder, and a read-only folder unless ``replace_read_only``."""
+    info = own_status(target, prefix=prefix, fix=f"choose another {option}")
+    if info is None:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        raise EntmtpError(link_refusal(prefix))
+    if not stat.S_ISDIR(info.st_mode):
+        raise EntmtpError(f"{prefix}: it exists and is not a folder: choose a new folder for "
+                          f"{option}")
+    if not replace_read_only and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise EntmtpError(f"{prefix}: the folder is read-only: pass --force to replace it, or "
+                          f"choose another {option}")
+    return info
+
+
+def _finish_folder(staging: Path) -> None:
+    """Sync every file under ``staging`` and give it, and every folder, the permissions a plain
+    open / mkdir would have (mkdtemp makes a private folder; some writers make private files).
+    Links are left alone: chmod and open would reach through them."""
+    umask = _current_umask()
+    os.chmod(staging, 0o777 & ~umask)
+    for root, folders, files in os.walk(staging, onerror=_raise):
+        folders[:] = [name for name in folders if not os.path.islink(os.path.join(root, name))]
+        for name in folders:  # before os.walk lists them: a private folder could not be read
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            file_path = os.path.join(root, name)
+            if os.path.islink(file_path):
+                continue
+            os.chmod(file_path, 0o666 & ~umask)
+            fd = os.open(file_path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _raise(err: OSError) -> None:
+    raise err
+
+
+def _swap_in(staging: Path, target: Path, info: os.stat_result | None) -> None:
+    """Rename ``staging`` to ``target``; an old folder there (``info``) is renamed aside first
+    and removed after, or put back if the new one cannot take its place."""
+    if info is None:
+        os.replace(staging, target)
+        return
+    mode = stat.S_IMODE(info.st_mode)
+    read_only = not mode & stat.S_IWUSR
+    if read_only:  # a read-only folder (--force): a folder moves to another one only if writable
+        os.chmod(target, mode | stat.S_IWUSR)
+    try:
+        retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old",
+                                        dir=staging.parent))
+        aside = retired / target.name
+        try:
+            os.replace(target, aside)
+        except BaseException:
+            retired.rmdir()
+            raise
+    except BaseException:
+        if read_only:
+            os.chmod(target, mode)
+        raise
+    try:
+        os.replace(staging, target)
+    except BaseException:
+        try:  # put the old folder back; should that fail too, it stays in ``retired``
+            os.replace(aside, target)
+            retired.rmdir()
+            if read_only:
+                os.chmod(target, mode)
+        except OSError:
+            pass
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _move_in_unless_there(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target`` unless a folder holding anything is there by now: that
+    one is kept, and ``staging`` removed."""
+    try:
+        os.rename(staging, target)  # replaces at most an empty folder
+    except OSError as err:
+        if (err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or os.path.islink(target)
+                or not os.path.isdir(target)):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
 
 def _current_umask() -> int:
     mask = os.umask(0)

@@ -14,7 +14,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,7 +22,13 @@ from typing import Any
 
 import torch
 
-from entmtp.core import EntmtpError, atomic_write_json, dtype_name, user_cache_dir
+from entmtp.core import (
+    EntmtpError,
+    atomic_write_folder,
+    atomic_write_json,
+    dtype_name,
+    user_cache_dir,
+)
 from entmtp.treesearch import check_regular_file, read_json
 
 from ._row_gemm import use_row_kernels
@@ -283,13 +288,14 @@ def _make_base(model: Any, tokenizer: Any, *, name: str, source: str) -> BaseMod
 
 # -- the dequantized-model cache -------------------------------------------------------------
 def write_model_cache(base: BaseModel, folder: Path, *, extra: dict[str, Any]) -> Path:
-    """Save ``base`` as a reloadable HF folder at ``folder``, atomically (temp folder + rename)."""
+    """Save ``base`` as a reloadable HF folder at ``folder``, atomically (temp folder + rename);
+    a finished copy another process put there first is kept."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    folder.parent.mkdir(parents=True, exist_ok=True)  # stays: the sha256 index lives there
+
+    def build(staging: Path) -> None:
         tensors: dict[str, torch.Tensor] = {}
         seen: set[int] = set()
         for key, tensor in base.model.state_dict().items():
@@ -306,16 +312,8 @@ def write_model_cache(base: BaseModel, folder: Path, *, extra: dict[str, Any]) -
         marker = {"format_version": _CACHE_FORMAT_VERSION, "name": base.name,
                   "source": base.source, **extra}
         atomic_write_json(staging / CACHE_MARKER, marker)  # last: marks the folder complete
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            if not (folder / CACHE_MARKER).is_file():  # not a concurrent writer's finished copy
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return folder
+
+    return atomic_write_folder(folder, build, replace=False)
 
 
 def file_sha256(path: Path) -> str:

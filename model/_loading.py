@@ -125,7 +125,7 @@ def load_heads_for(base, heads: str | None, head_type: str, model: str | None,
                    sha256: str | None = None):
     """Heads from ``--heads`` (any head type), else the shipped heads of ``head_type`` (those
     with ``sha256`` when some are)."""
-    from ._heads import load_heads
+    from ._heads_load import load_heads
 
     return load_heads(resolve_heads(heads, head_type, model, sha256), base.model)
 

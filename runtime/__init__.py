@@ -6,10 +6,10 @@ Names are imported on first use, so ``import entmtp.runtime`` does not import to
 from importlib import import_module
 
 _EXPORTS = {
-    "DecodeResult": "._decode",
+    "DecodeResult": "._records",
     "DecodingState": "._decode",
     "SpeculativeDecoder": "._decode",
-    "StepLog": "._decode",
+    "StepLog": "._records",
     "autoregressive_engine": "._decode",
     "autoregressive_generate": "._decode",
     "autoregressive_static_engine": "._decode",

@@ -41,14 +41,19 @@ methods ``prefill``, ``prepare``, ``step``, ``fused_empty_step`` and ``commit`` 
 ``eager_prefill`` and ``DecodingState.plain_step`` (the eager autoregressive step), are the
 eager runtime's (a transformers forward over a ``DynamicCache``), used for the sampling modes,
 for other models, with ``engine="eager"``, and by the latency profiler.
+
+Every generation runs the one loop of runtime/_loop.py over an engine: ``EagerDecoding`` (the
+decoder's eager steps), ``PlainEagerDecoding`` (eager autoregressive decoding) or the static
+runtime's ``StaticDecoding``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -59,16 +64,13 @@ from entmtp.model import check_tree_attention_support, entropy_from_logits, stat
 from entmtp.treesearch import Tree
 
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
+from ._engine import reads_base_entropy, reads_draft_entropy
 from ._kv_cache import check_cache, compact_cache, new_cache
+from ._loop import decode
+from ._records import DecodeResult, PhaseTimes, Prefilled, StepLog, StepMarks, StepRun
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler, StaticScheduler
-from ._static_step import (
-    StaticEngine,
-    StepOptions,
-    check_padding,
-    padding_note,
-    static_generate,
-)
+from ._static_step import StaticDecoding, StaticEngine, check_padding, padding_note
 from ._tree_attention import TreePlan, tree_plan
 from ._verify import (
     backbone_forward,
@@ -81,56 +83,6 @@ from ._verify import (
 
 MODES = ("greedy", "typical", "rejection")
 SAMPLING_NOTE = "sampling modes (typical, rejection) run on the eager runtime"
-
-
-@dataclass(frozen=True)
-class StepLog:
-    """One decoding step."""
-
-    position: int  # index of the step's pending token among the generated tokens
-    entropy_estimate: float  # estimate the scheduler chose the tree from (nan: static tree)
-    tree_index: int  # index of the tree in the scheduler's list
-    num_nodes: int
-    depth: int
-    accept_length: int  # tokens the step emitted: drafts kept (after EOS / max_new_tokens cuts)
-    #                     plus the base model's next token when there is room for it
-    draft_ms: float  # heads + top-k + node tokens
-    verify_ms: float  # the base-model forward over the tree (+ lm_head)
-    bookkeeping_ms: float  # mask, acceptance, cache compaction, entropies, scheduler
-
-    @property
-    def step_ms(self) -> float:
-        return self.draft_ms + self.verify_ms + self.bookkeeping_ms
-
-
-@dataclass
-class DecodeResult:
-    tokens: list[int]  # generated ids (prompt excluded), cut after the first EOS
-    steps: int  # decoding steps after the prefill
-    accept_lengths: list[int]  # per step
-    prefill_ms: float
-    decode_ms: float  # wall time of all steps
-    step_log: list[StepLog] = field(default_factory=list)
-
-    @property
-    def mean_accept_length(self) -> float:
-        return sum(self.accept_lengths) / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens over the whole call (prefill included)."""
-        total_ms = self.prefill_ms + self.decode_ms
-        return 1000.0 * len(self.tokens) / total_ms if total_ms > 0 else 0.0
-
-    @property
-    def decode_tokens(self) -> int:
-        """Tokens the steps produced: all but the prefill's first."""
-        return max(len(self.tokens) - 1, 0)
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        """Tokens the steps produced (all but the prefill's first) over the steps' time."""
-        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
 
 
 class _Clock:
@@ -160,15 +112,6 @@ def _as_prompt(input_ids: torch.Tensor | Sequence[int], device: torch.device) ->
 def _model_dtype_device(model: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
     weight = model.get_output_embeddings().weight
     return weight.dtype, weight.device
-
-
-def _cut(drafts: list[int], room: int, eos: frozenset[int]) -> list[int]:
-    """Drafts that may be emitted: at most ``room``, through the first EOS."""
-    kept = drafts[:room]
-    for j, token in enumerate(kept):
-        if token in eos:
-            return kept[: j + 1]
-    return kept
 
 
 @dataclass
@@ -439,98 +382,155 @@ class SpeculativeDecoder:
             raise EntmtpError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         for tree in scheduler.trees:
             self.plan(tree)
-        by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
-        # the base entropies the static engine's steps output, by the same rule
-        observes = StepOptions.of(scheduler, self.fuses_empty).base_entropy
-        fuse = by_draft and self.fuses_empty
-        max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         eos = frozenset(int(t) for t in eos_token_ids)
         if max_new_tokens == 0:
             _as_prompt(input_ids, self.device)
             return DecodeResult([], 0, [], 0.0, 0.0)
         static = self.static_engine if mode == "greedy" else None
+        engine: StaticDecoding | EagerDecoding
         if static is not None:
-            return static_generate(
-                static, _as_prompt(input_ids, self.device), scheduler,
-                max_new_tokens=max_new_tokens, eos_token_ids=eos, fuse_empty=self.fuses_empty,
-                breakdown=self.breakdown, on_step=on_step,
-            )
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed))
-        accept = self.accept_fn(mode, temperature=temperature, generator=generator,
-                                posterior_threshold=posterior_threshold,
-                                posterior_alpha=posterior_alpha)
+            engine = StaticDecoding(static, fuse_empty=self.fuses_empty, breakdown=self.breakdown)
+            input_ids = _as_prompt(input_ids, self.device)
+        else:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(int(seed))
+            accept = self.accept_fn(mode, temperature=temperature, generator=generator,
+                                    posterior_threshold=posterior_threshold,
+                                    posterior_alpha=posterior_alpha)
 
-        def choose(logits: torch.Tensor) -> int:
-            if mode == "greedy":
-                return greedy_choice(logits)
-            return sample_from(logits_to_probs(logits, temperature), generator)
+            def choose(logits: torch.Tensor) -> int:
+                if mode == "greedy":
+                    return greedy_choice(logits)
+                return sample_from(logits_to_probs(logits, temperature), generator)
 
-        clock = self.clock
-        start = clock.now()
-        state, last_logits = self.prefill(input_ids, choose)
-        tokens = [state.pending]
-        scheduler.reset()
-        if observes:
-            scheduler.observe(entropy_from_logits(last_logits[None]).tolist())
-        prefill_ms = clock.now() - start
-        if on_step is not None:
-            on_step(None, list(tokens))
+            engine = EagerDecoding(self, accept, choose)
+        return decode(engine, input_ids, scheduler, max_new_tokens=max_new_tokens,
+                      eos_token_ids=eos, on_step=on_step)
 
-        log: list[StepLog] = []
-        ready: Prepared | None = None  # prepared by the previous (fused empty) step
-        decode_start = clock.now()
-        while len(tokens) < max_new_tokens and tokens[-1] not in eos:
-            t0 = clock.now()
-            emitted_before = len(tokens)
-            prepared, t_prepared = None, t0
-            if by_draft:
-                prepared, ready = ready, None
-                if prepared is None:
-                    prepared = self.prepare(state, max_depth)
-                t_prepared = clock.now()
-                scheduler.observe_draft(float(entropy_from_logits(prepared.first_logits)))
-            choice = scheduler.choose()
-            plan = tree_plan(choice.tree, self.topk, self.device)
-            t1 = clock.now()
-            if fuse and plan.num_nodes == 0:
-                outcome, ready = self.fused_empty_step(state, plan, accept, max_depth)
-            else:
-                outcome = self.step(state, plan, accept, prepared)
-            t2 = clock.now()
-            drafts = _cut([outcome.node_tokens[node] for node in outcome.path[1:]],
-                          max_new_tokens - len(tokens), eos)
-            path = outcome.path[: len(drafts) + 1]
-            self.commit(state, outcome, path)
-            position = len(tokens) - 1
-            tokens.extend(drafts)
-            if len(tokens) < max_new_tokens and tokens[-1] not in eos:
-                tokens.append(outcome.next_token)
-            if observes:
-                scheduler.observe(entropy_from_logits(outcome.logits[path]).tolist())
-            t3 = clock.now()
-            log.append(StepLog(
-                position=position,
-                entropy_estimate=choice.estimate,
-                tree_index=choice.index,
-                num_nodes=plan.num_nodes,
-                depth=plan.depth,
-                accept_length=len(tokens) - emitted_before,
-                draft_ms=(t_prepared - t0) + outcome.draft_ms,
-                verify_ms=outcome.verify_ms,
-                bookkeeping_ms=(t1 - t_prepared) + outcome.accept_ms + (t3 - t2),
-            ))
-            if on_step is not None:
-                on_step(log[-1], tokens[emitted_before:])
-        decode_ms = clock.now() - decode_start
-        return DecodeResult(
-            tokens=tokens,
-            steps=len(log),
-            accept_lengths=[s.accept_length for s in log],
-            prefill_ms=prefill_ms,
-            decode_ms=decode_ms,
-            step_log=log,
+
+class EagerDecoding:
+    """``decoder``'s eager steps as the loop's engine (``_loop.decode``), accepting with
+    ``accept`` and choosing the prefill's token with ``choose``.
+
+    With a draft-entropy schedule a step first prepares the draft (counted in its
+    ``draft_ms``), unless the previous step was a fused empty step that prepared it already;
+    an empty tree then runs fused (``fuses_empty`` heads). A step logs the decoder's own
+    draft / verify / accept times, with the choice, commit and entropies as bookkeeping.
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, accept: AcceptFn,
+                 choose: Callable[[torch.Tensor], int]) -> None:
+        self.decoder = decoder
+        self.accept = accept
+        self.choose = choose
+        self.state: DecodingState | None = None
+        self._observes = False
+        self._fuse = False
+        self._max_depth = 0
+        self._prepared: Prepared | None = None  # this step's preparation
+        self._ready: Prepared | None = None  # prepared by the previous (fused empty) step
+        self._outcome: StepOutcome | None = None
+
+    def begin(self, prompt: torch.Tensor | Sequence[int], scheduler: Scheduler,
+              max_new_tokens: int) -> None:
+        self._observes = reads_base_entropy(scheduler)
+        self._fuse = reads_draft_entropy(scheduler) and self.decoder.fuses_empty
+        self._max_depth = max((tree.depth for tree in scheduler.trees), default=0)
+        self._prepared = self._ready = self._outcome = None
+
+    def now(self) -> float:
+        return self.decoder.clock.now()
+
+    def prefill(self, prompt: torch.Tensor | Sequence[int]) -> Prefilled:
+        self.state, last_logits = self.decoder.prefill(prompt, self.choose)
+        entropy = (entropy_from_logits(last_logits[None]).tolist()[0] if self._observes
+                   else math.nan)
+        return Prefilled(self.state.pending, entropy)
+
+    def prepare_draft(self) -> None:
+        prepared, self._ready = self._ready, None
+        if prepared is None:
+            prepared = self.decoder.prepare(self.state, self._max_depth)
+        self._prepared = prepared
+
+    def draft_entropy(self) -> float:
+        return float(entropy_from_logits(self._prepared.first_logits))
+
+    def step_for(self, tree: Tree) -> TreePlan:
+        return tree_plan(tree, self.decoder.topk, self.decoder.device)
+
+    def run(self, step: TreePlan) -> StepRun:
+        decoder, prepared = self.decoder, self._prepared
+        self._prepared = None
+        if self._fuse and step.num_nodes == 0:
+            outcome, self._ready = decoder.fused_empty_step(self.state, step, self.accept,
+                                                            self._max_depth)
+        else:
+            outcome = decoder.step(self.state, step, self.accept, prepared)
+        self._outcome = outcome
+        return StepRun([outcome.node_tokens[node] for node in outcome.path],
+                       outcome.next_token, outcome.draft_ms, outcome.verify_ms,
+                       outcome.accept_ms)
+
+    def commit(self, kept: int) -> None:
+        outcome = self._outcome
+        self.decoder.commit(self.state, outcome, outcome.path[:kept])
+
+    def base_entropies(self, kept: int) -> list[float]:
+        outcome = self._outcome
+        return entropy_from_logits(outcome.logits[outcome.path[:kept]]).tolist()
+
+    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+        return PhaseTimes(
+            draft_ms=(marks.prepared - marks.start) + run.draft_ms,
+            verify_ms=run.verify_ms,
+            bookkeeping_ms=(marks.chosen - marks.prepared) + run.accept_ms
+            + (marks.done - marks.stepped),
         )
+
+
+class PlainEagerDecoding:
+    """The eager runtime's plain greedy steps (``DecodingState.plain_step``) on ``model`` as
+    the loop's engine, for a schedule of the empty tree alone: each step logs its whole time
+    (forward, lm_head, argmax) as ``verify_ms``."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.clock = _Clock(device)
+        self.state: DecodingState | None = None
+
+    def begin(self, prompt: torch.Tensor, scheduler: Scheduler, max_new_tokens: int) -> None:
+        if any(tree.num_nodes for tree in scheduler.trees):
+            raise EntmtpError("plain steps verify the empty tree only")
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def prefill(self, prompt: torch.Tensor) -> Prefilled:
+        self.state, _ = eager_prefill(self.model, prompt, greedy_choice)
+        return Prefilled(self.state.pending, math.nan)
+
+    def prepare_draft(self) -> None:
+        raise EntmtpError("plain steps draft nothing: there is no draft entropy")
+
+    def draft_entropy(self) -> float:
+        raise EntmtpError("plain steps draft nothing: there is no draft entropy")
+
+    def step_for(self, tree: Tree) -> Tree:
+        return tree
+
+    def run(self, step: Tree) -> StepRun:
+        root = self.state.pending
+        return StepRun([root], self.state.plain_step(self.model))
+
+    def commit(self, kept: int) -> None:
+        """Nothing: the plain step cached its one token."""
+
+    def base_entropies(self, kept: int) -> list[float]:
+        raise EntmtpError("plain steps compute no entropies")
+
+    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+        return PhaseTimes(0.0, marks.stepped - marks.chosen, 0.0)
 
 
 def _static_reason(model: torch.nn.Module, engine: str) -> str | None:
@@ -609,19 +609,7 @@ def autoregressive_generate(
     static = autoregressive_static_engine(model, engine=engine, graphs=graphs, window=window)
     if max_new_tokens == 0:
         return DecodeResult([], 0, [], 0.0, 0.0)
-    if static is not None:
-        return static_generate(static, prompt, StaticScheduler(_AR_EMPTY),
-                               max_new_tokens=max_new_tokens, eos_token_ids=eos)
-    clock = _Clock(device)
-    start = clock.now()
-    state, _ = eager_prefill(model, prompt, greedy_choice)
-    tokens = [state.pending]
-    prefill_ms = clock.now() - start
-    log: list[StepLog] = []
-    decode_start = clock.now()
-    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
-        t0 = clock.now()
-        tokens.append(state.plain_step(model))
-        log.append(StepLog(len(tokens) - 2, float("nan"), 0, 0, 0, 1, 0.0, clock.now() - t0, 0.0))
-    decode_ms = clock.now() - decode_start
-    return DecodeResult(tokens, len(log), [1] * len(log), prefill_ms, decode_ms, log)
+    decoding = (StaticDecoding(static) if static is not None
+                else PlainEagerDecoding(model, device))
+    return decode(decoding, prompt, StaticScheduler(_AR_EMPTY), max_new_tokens=max_new_tokens,
+                  eos_token_ids=eos)

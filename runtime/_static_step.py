@@ -52,7 +52,6 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -62,11 +61,10 @@ from entmtp.model import StaticLlama, compact_static_cache, entropy_from_logits
 from entmtp.treesearch import Tree, padding_summary
 
 from ._drafter import Drafter
+from ._engine import reads_base_entropy, reads_draft_entropy
+from ._records import PhaseTimes, Prefilled, StepMarks, StepRun
 from ._scheduler import Scheduler
 from ._tree_attention import TreePlan, tree_plan
-
-if TYPE_CHECKING:
-    from ._decode import DecodeResult, StepLog
 
 WINDOWS = ("filled", "full")
 CAPACITY_QUANTUM = 128  # the cache grows in whole multiples: fewer re-captures
@@ -92,11 +90,10 @@ class StepOptions:
 
     @classmethod
     def of(cls, scheduler: Scheduler, fuses_empty: bool) -> StepOptions:
-        by_draft = bool(getattr(scheduler, "needs_draft_entropy", False))
+        by_draft = reads_draft_entropy(scheduler)
         max_depth = max((tree.depth for tree in scheduler.trees), default=0)
         return cls(
-            # A one-tree scheduler reads no entropies: skip computing them.
-            base_entropy=not by_draft and bool(getattr(scheduler, "reads_entropy", True)),
+            base_entropy=reads_base_entropy(scheduler),
             prepare_depth=max(max_depth, 1) if by_draft else 0,
             fuse_empty=by_draft and fuses_empty,
         )
@@ -576,106 +573,88 @@ def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: tor
     entropy_out.copy_(entropy_from_logits(logits[:1]))
 
 
-def static_generate(
-    engine: StaticEngine,
-    prompt: torch.Tensor,
-    scheduler: Scheduler,
-    *,
-    max_new_tokens: int,
-    eos_token_ids: Iterable[int] = (),
-    fuse_empty: bool = False,
-    breakdown: bool = False,
-    on_step: Callable[[StepLog | None, list[int]], None] | None = None,
-) -> DecodeResult:
-    """Greedy decoding on ``engine``'s static steps; the eager ``generate``'s result and logs.
+class StaticDecoding:
+    """Greedy decoding on ``engine``'s static steps as the loop's engine (``_loop.decode``); the
+    eager decoder's results and logs.
 
     ``fuse_empty``: the heads fuse with the base projection (``fuses_with_base``). Without
     ``breakdown`` a step is timed by host clock reads with no device sync beyond its readback,
-    and its time from launch to readback is logged as ``verify_ms`` (choosing the tree as
-    ``bookkeeping_ms``); with it, each phase is timed with a device sync in between
-    (uncaptured), as the eager path logs it.
+    and its time from launch to readback (and the host's cut and observations after it) is
+    logged as ``verify_ms``, choosing the tree as ``bookkeeping_ms``; with it, each phase is
+    timed with a device sync in between (uncaptured), as the eager runtime logs it. A step
+    commits its whole accepted path: the loop cuts drafts only on a generation's last step.
     """
-    from ._decode import DecodeResult, StepLog, _cut  # the eager decoder's records
 
-    eos = frozenset(int(t) for t in eos_token_ids)
-    options = StepOptions.of(scheduler, fuse_empty)
-    by_draft, base_signal = options.prepare_depth > 0, options.base_entropy
-    engine.warm_up(scheduler, int(prompt.shape[0]) + max_new_tokens, fuses_empty=fuse_empty)
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
+    def __init__(self, engine: StaticEngine, *, fuse_empty: bool = False,
+                 breakdown: bool = False) -> None:
+        self.engine = engine
+        self.fuse_empty = fuse_empty
+        self.breakdown = breakdown
+        self.options = StepOptions(base_entropy=False, prepare_depth=0, fuse_empty=False)
+        self._sync: Callable[[], None] | None = None
+        self._past_len = 0  # the host's copy of the engine's past length
+        self._draft_entropy = math.nan  # head 1's entropy at the next step's state
+        self._out: StepReadback | None = None
 
-    def now() -> float:
-        return time.perf_counter() * 1000.0
+    def begin(self, prompt: torch.Tensor, scheduler: Scheduler, max_new_tokens: int) -> None:
+        engine = self.engine
+        self.options = StepOptions.of(scheduler, self.fuse_empty)
+        engine.warm_up(scheduler, int(prompt.shape[0]) + max_new_tokens,
+                       fuses_empty=self.fuse_empty)
+        self._sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
 
-    def synced_now() -> float:
-        if sync is not None:
-            sync()
-        return now()
+    def now(self) -> float:
+        return _host_ms()
 
-    start = now()
-    last_logits = engine.prefill(prompt)
-    draft_entropy = math.nan  # head 1's entropy at the next step's state (draft signal)
-    if by_draft:
-        preparing = engine.prepare_step(options.prepare_depth)
-        engine.run(preparing, int(prompt.shape[0]))
-        draft_entropy = preparing.readback()
-    if base_signal:
-        h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
-                                 last_logits.argmax().float()]).tolist()
-    else:
-        first, h0 = int(last_logits.argmax()), math.nan
-    tokens = [int(first)]
-    past_len = int(prompt.shape[0])
-    scheduler.reset()
-    if base_signal:
-        scheduler.observe([h0])
-    prefill_ms = now() - start
-    if on_step is not None:
-        on_step(None, list(tokens))
+    def _synced_now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return self.now()
 
-    log: list[StepLog] = []
-    decode_start = now()
-    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
-        t0 = now()
-        emitted_before = len(tokens)
-        if by_draft:
-            scheduler.observe_draft(draft_entropy)
-        choice = scheduler.choose()
-        tree = choice.tree
-        step = engine.step_for(tree, options)
-        t1 = now()
-        if breakdown:
-            draft_ms, verify_ms, accept_ms = step.timed(past_len, synced_now)
+    def prefill(self, prompt: torch.Tensor) -> Prefilled:
+        engine, options = self.engine, self.options
+        last_logits = engine.prefill(prompt)
+        self._past_len = int(prompt.shape[0])
+        self._draft_entropy = math.nan
+        if options.prepare_depth:
+            preparing = engine.prepare_step(options.prepare_depth)
+            engine.run(preparing, self._past_len)
+            self._draft_entropy = preparing.readback()
+        if options.base_entropy:  # one read for both
+            h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
+                                     last_logits.argmax().float()]).tolist()
         else:
-            engine.run(step, past_len)
-        out = step.readback()
-        past_len += out.length
-        drafts = _cut(out.path_tokens[1:], max_new_tokens - len(tokens), eos)
-        position = len(tokens) - 1
-        tokens.extend(drafts)
-        if len(tokens) < max_new_tokens and tokens[-1] not in eos:
-            tokens.append(out.next_token)
-        if base_signal:
-            scheduler.observe(out.base_entropies[: len(drafts) + 1])
-        draft_entropy = out.draft_entropy
-        t2 = now()
-        if not breakdown:
-            draft_ms, verify_ms, accept_ms = 0.0, t2 - t1, 0.0
+            first, h0 = int(last_logits.argmax()), math.nan
+        return Prefilled(int(first), h0)
+
+    def prepare_draft(self) -> None:
+        """Nothing: the previous step (or the prefill) prepared this state."""
+
+    def draft_entropy(self) -> float:
+        return self._draft_entropy
+
+    def step_for(self, tree: Tree) -> TreeStep:
+        return self.engine.step_for(tree, self.options)
+
+    def run(self, step: TreeStep) -> StepRun:
+        draft_ms = verify_ms = accept_ms = 0.0
+        if self.breakdown:
+            draft_ms, verify_ms, accept_ms = step.timed(self._past_len, self._synced_now)
         else:
-            accept_ms += t2 - t1 - (draft_ms + verify_ms + accept_ms)
-        log.append(StepLog(
-            position=position,
-            entropy_estimate=choice.estimate,
-            tree_index=choice.index,
-            num_nodes=tree.num_nodes,
-            depth=tree.depth,
-            accept_length=len(tokens) - emitted_before,
-            draft_ms=draft_ms,
-            verify_ms=verify_ms,
-            bookkeeping_ms=(t1 - t0) + accept_ms,
-        ))
-        if on_step is not None:
-            on_step(log[-1], tokens[emitted_before:])
-    decode_ms = now() - decode_start
-    return DecodeResult(tokens=tokens, steps=len(log),
-                        accept_lengths=[s.accept_length for s in log], prefill_ms=prefill_ms,
-                        decode_ms=decode_ms, step_log=log)
+            self.engine.run(step, self._past_len)
+        out = self._out = step.readback()
+        self._draft_entropy = out.draft_entropy
+        return StepRun(out.path_tokens, out.next_token, draft_ms, verify_ms, accept_ms)
+
+    def commit(self, kept: int) -> None:
+        self._past_len += self._out.length  # the step kept its whole path in the cache
+
+    def base_entropies(self, kept: int) -> list[float]:
+        return self._out.base_entropies[:kept]
+
+    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+        if not self.breakdown:
+            return PhaseTimes(0.0, marks.done - marks.chosen, marks.chosen - marks.start)
+        accept_ms = run.accept_ms
+        accept_ms += marks.done - marks.chosen - (run.draft_ms + run.verify_ms + accept_ms)
+        return PhaseTimes(run.draft_ms, run.verify_ms, (marks.chosen - marks.start) + accept_ms)

@@ -143,7 +143,7 @@ def make_tiny_heads_dir(model_dir: Path, folder: Path, *, head_type: str = "medu
     """Random entmtp-format heads for the tiny model folder (``--heads`` takes it)."""
     from transformers import AutoModelForCausalLM
 
-    from entmtp.model._heads import new_heads, save_heads
+    from entmtp.model import new_heads, save_heads
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     heads = new_heads(model, head_type=head_type, num_heads=num_heads, seed=seed)

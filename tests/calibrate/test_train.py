@@ -9,24 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from entmtp.calibrate._train import (
-    FitPlan,
-    HeadRanks,
+from entmtp.calibrate._accuracy import HeadRanks, head_accuracy, head_ranks
+from entmtp.calibrate._head_examples import _examples, _prefixes
+from entmtp.calibrate._train import FitPlan, _batch_vocab, fit_heads, teacher_topk, warmup_cosine
+from entmtp.calibrate._train_run import split_heldout, train_heads
+from entmtp.calibrate._trajectories import (
     Trajectory,
-    _batch_vocab,
-    _examples,
-    _prefixes,
-    fit_heads,
     generate_trajectories,
-    head_accuracy,
-    head_ranks,
     load_trajectories,
     save_trajectories,
-    split_heldout,
-    teacher_topk,
     text_trajectories,
-    train_heads,
-    warmup_cosine,
 )
 from entmtp.core import EntmtpError
 from entmtp.model._heads import new_heads

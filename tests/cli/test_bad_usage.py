@@ -298,7 +298,7 @@ def test_save_heads_replaces_a_read_only_heads_folder_only_with_force(tiny_model
     from transformers import AutoModelForCausalLM
 
     from entmtp.core._atomic import replacing_read_only
-    from entmtp.model._heads import load_heads, new_heads, save_heads
+    from entmtp.model import load_heads, new_heads, save_heads
     from entmtp.treesearch import EntmtpError
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -321,7 +321,7 @@ def test_save_heads_full_disk_leaves_nothing(tiny_model_dir, tmp_path, monkeypat
 
     from transformers import AutoModelForCausalLM
 
-    from entmtp.model._heads import new_heads, save_heads
+    from entmtp.model import new_heads, save_heads
     from entmtp.treesearch import EntmtpError
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

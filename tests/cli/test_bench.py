@@ -54,7 +54,7 @@ def assert_one_line_error(result, *needles: str) -> None:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> SimpleNamespace:
     """A tiny model, Medusa and Hydra heads for it and a calibrated bundle for each."""
-    from entmtp.model._heads import new_heads, save_heads
+    from entmtp.model import new_heads, save_heads
     from support import save_untied_tiny_llama
 
     root = tmp_path_factory.mktemp("bench")

@@ -54,8 +54,8 @@ def one_line_error(result, needle: str) -> None:
 
 def test_data_then_train_from_data(tiny_model_dir, tmp_path):
     from entmtp.calibrate._headdata import read_head_data
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads
 
     rows = write_rows(tmp_path / "mix.jsonl.gz")
     folder = tmp_path / "data"
@@ -97,8 +97,8 @@ def test_data_then_train_from_data(tiny_model_dir, tmp_path):
 
 def test_max_seconds_shortens_the_training_and_still_writes_the_heads(tiny_model_dir,
                                                                      tmp_path):
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads
 
     folder = tmp_path / "data"
     made = invoke(["heads", "data", "--model", tiny_model_dir, "--data",
@@ -335,10 +335,10 @@ def test_other_models_data_and_bad_input_are_one_line_errors(tiny_model_dir, tmp
 
 def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa_dir,
                                                      tiny_hydra_dir, tmp_path):
+    from entmtp.calibrate._accuracy import head_accuracy, head_ranks
     from entmtp.calibrate._headdata import read_head_data, record_trajectories
-    from entmtp.calibrate._train import head_accuracy, head_ranks
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads
     from entmtp.treesearch import expected_accept_length, reference_tree
 
     folder = make_data(tiny_model_dir, tmp_path, 5)
@@ -381,11 +381,11 @@ def test_eval_reports_each_heads_accuracy_per_source(tiny_model_dir, tiny_medusa
 
 def test_draft_vocab_gives_heads_the_most_frequent_targets_of_the_data(tiny_model_dir,
                                                                       tiny_hydra_dir, tmp_path):
+    from entmtp.calibrate._head_examples import _examples, _prefixes
     from entmtp.calibrate._headdata import read_head_data, record_trajectories
-    from entmtp.calibrate._train import _examples, _prefixes
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
     from entmtp.model._draft_vocab import frequent_tokens, target_token_counts
-    from entmtp.model._heads import load_heads
 
     folder = make_data(tiny_model_dir, tmp_path, 8)
     out = tmp_path / "subset"

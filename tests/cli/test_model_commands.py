@@ -60,7 +60,7 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def varied(tmp_path_factory) -> SimpleNamespace:
-    from entmtp.model._heads import new_heads, save_heads
+    from entmtp.model import new_heads, save_heads
 
     root = tmp_path_factory.mktemp("varied")
     model = make_tiny_llama(0)
@@ -200,8 +200,8 @@ def test_decode_prints_the_greedy_text_and_stats(varied):
 
 
 def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads
 
     data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS[:4])
     out = tmp_path / "heads"
@@ -223,8 +223,8 @@ def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):
 
 def other_medusa_heads(model_dir: Path, folder: Path) -> Path:
     """Medusa heads of the same shape as the bundle's but other (perturbed) weights."""
+    from entmtp.model import load_heads, save_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads, save_heads
 
     heads = load_heads(folder.parent / "medusa", load_base_model(model_dir).model)
     generator = torch.Generator().manual_seed(7)
@@ -377,9 +377,9 @@ def test_calibrate_measures_latency_on_the_engine_given(varied, tmp_path, monkey
 
 
 def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypatch):
-    import entmtp.cli._heads_cmd as heads_cmd
+    import entmtp.calibrate._head_training as heads_cmd
+    from entmtp.model import load_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import load_heads
 
     loaded = []
     real_load_base = heads_cmd.load_base
@@ -407,7 +407,7 @@ def test_heads_train_runs_the_base_in_the_dtype_given(varied, tmp_path, monkeypa
 def test_heads_train_loads_the_base_on_the_device_given(varied, tmp_path, monkeypatch):
     """--device reaches the base model's loader. This machine may have no GPU, so the device
     check lets a CUDA name through and the loader stops the command once it has seen it."""
-    import entmtp.cli._heads_cmd as heads_cmd
+    import entmtp.calibrate._head_training as heads_cmd
     from entmtp.core import EntmtpError
     from entmtp.model import check_device_and_dtype
 
@@ -452,8 +452,8 @@ def test_help_gives_an_example(command):
 def test_validate_on_the_default_model_is_lossless_and_exact(tmp_path):
     """The default SmolLM2 model (no --model) with fresh 4-head Medusa heads and a two-tree
     entropy schedule written by hand for them."""
+    from entmtp.model import new_heads, save_heads
     from entmtp.model._base_model import load_base_model
-    from entmtp.model._heads import new_heads, save_heads
     from entmtp.treesearch import Bundle, EntropyEstimator, Tree
     from entmtp.treesearch._bundle import CreatedBy, EntropyInfo, ModelInfo, Predicted, TreeStats
 
@@ -491,7 +491,7 @@ def test_low_precision_bench_reports_departures_per_bundle_and_dtype(varied, tmp
     bundle's tree is the empty one (plain decoding: it cannot depart) and the fixture's hidden-32
     model departed on none of 20 prompts in bf16, so this runs a 39-node tree (depth 3) on a
     hidden-64 model, measured to depart on 3 of these 6 prompts in bf16 and 2 in fp16."""
-    from entmtp.model._heads import new_heads, save_heads
+    from entmtp.model import new_heads, save_heads
     from entmtp.treesearch import reference_tree
     from entmtp.treesearch._bundle import TreeStats
     from entmtp.treesearch._tree import Tree

@@ -14,7 +14,8 @@ PACKAGES = ("core", "treesearch", "model", "runtime", "evaluation", "calibrate",
 # not library).
 BENCH_PRIVATE = {
     ("train_heads.py", "entmtp.calibrate._tasks"),
-    ("signal_auc.py", "entmtp.calibrate._train"),
+    ("signal_auc.py", "entmtp.calibrate._head_examples"),
+    ("prefix_attention_probe.py", "entmtp.calibrate._head_examples"),
     ("prefix_attention_probe.py", "entmtp.calibrate._train"),
     ("bench_latency_fidelity.py", "entmtp.cli._live"),
     ("bench_low_precision.py", "entmtp.cli._live"),

@@ -19,7 +19,7 @@ from entmtp.evaluation._validation import (
     step_times_by_tree,
     step_tokens,
 )
-from entmtp.runtime._decode import StepLog
+from entmtp.runtime._records import StepLog
 from entmtp.treesearch import (
     EntropyEstimator,
     LatencyModel,

@@ -15,10 +15,10 @@ from entmtp.model._heads import (
     MIN_DRAFT_VOCAB,
     draft_columns,
     draft_token_ids,
-    load_heads,
     new_heads,
-    save_heads,
 )
+from entmtp.model._heads_format import save_heads
+from entmtp.model._heads_load import load_heads
 from entmtp.model._stats import topk_ranks
 from support import make_tiny_llama
 

@@ -13,14 +13,9 @@ import torch.nn.functional as F
 
 from entmtp.core import EntmtpError
 from entmtp.model import _heads
-from entmtp.model._heads import (
-    HydraHeads,
-    MedusaHeads,
-    detect_heads_format,
-    load_heads,
-    new_heads,
-    save_heads,
-)
+from entmtp.model._heads import HydraHeads, MedusaHeads, new_heads
+from entmtp.model._heads_format import save_heads
+from entmtp.model._heads_load import detect_heads_format, load_heads
 from support import make_tiny_llama
 
 HIDDEN, VOCAB = 32, 128

@@ -284,7 +284,7 @@ def test_subclasses_of_linear_keep_their_forward():
 
 
 def test_loaders_use_the_kernel_on_cpu(tiny_model_dir, tiny_medusa_dir):
-    from entmtp.model._heads import load_heads, new_heads
+    from entmtp.model import load_heads, new_heads
 
     base = load_base_model(tiny_model_dir)
     assert _routed(base.model.get_output_embeddings())
