@@ -39,9 +39,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from entmtp.core import EntmtpError, atomic_write, atomic_write_json, dtype_name
+from entmtp.core import (
+    EntmtpError,
+    atomic_write,
+    atomic_write_json,
+    dtype_name,
+    parse_jsonl,
+    read_bytes,
+    read_json,
+)
 from entmtp.model import greedy_generate, unwrap_base
-from entmtp.treesearch import parse_jsonl, read_bytes, read_json
 
 from ._trajectories import (
     Progress,

@@ -11,8 +11,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.core import EntmtpError, atomic_write_json, check_output_folder, check_writable_target
-from entmtp.treesearch import AcceptanceTable, Profile, read_json, read_text, require, short
+from entmtp.core import (
+    EntmtpError,
+    atomic_write_json,
+    check_output_folder,
+    check_writable_target,
+    read_json,
+    read_text,
+    require,
+    short,
+)
+from entmtp.treesearch import AcceptanceTable, Profile
 
 
 @dataclass(frozen=True)

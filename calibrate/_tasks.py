@@ -33,8 +33,15 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from entmtp.core import EntmtpError, atomic_write_json, user_cache_dir
-from entmtp.treesearch import parse_jsonl, read_bytes, read_json, read_jsonl
+from entmtp.core import (
+    EntmtpError,
+    atomic_write_json,
+    parse_jsonl,
+    read_bytes,
+    read_json,
+    read_jsonl,
+    user_cache_dir,
+)
 
 TASKS = ("code", "chat", "math", "lit")
 SPLITS = ("calibration", "heldout", "all")

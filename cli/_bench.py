@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from entmtp.calibrate import command_line
-from entmtp.core import all_or_none
+from entmtp.core import EntmtpError, all_or_none
 from entmtp.evaluation import (
     AUTOREGRESSIVE,
     BEST_STATIC,
@@ -41,7 +41,7 @@ from entmtp.evaluation import (
     runtime_report,
     torch_threads,
 )
-from entmtp.treesearch import Bundle, EntmtpError
+from entmtp.treesearch import Bundle
 
 from ._errors import user_errors
 from ._live import (

@@ -9,7 +9,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from entmtp.treesearch import EntmtpError, runtime_padding
+from entmtp.core import EntmtpError
+from entmtp.treesearch import runtime_padding
 
 from ._errors import user_errors
 from ._live import (

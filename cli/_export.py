@@ -7,14 +7,8 @@ from pathlib import Path
 import typer
 
 from entmtp.calibrate import RunDir
-from entmtp.treesearch import (
-    EXPORT_FORMATS,
-    EntmtpError,
-    LatencyModel,
-    Profile,
-    export_bundle,
-    load_bundle,
-)
+from entmtp.core import EntmtpError
+from entmtp.treesearch import EXPORT_FORMATS, LatencyModel, Profile, export_bundle, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.calibrate import TrainArguments, train_heads_run
-from entmtp.treesearch import EntmtpError
+from entmtp.core import EntmtpError
 
 from ._errors import user_errors
 from ._model_setup import (

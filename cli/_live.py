@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
-from entmtp.core import atomic_write_json
+from entmtp.core import EntmtpError, atomic_write_json
 from entmtp.evaluation import EncodedPrompt, RunProgress
-from entmtp.treesearch import Bundle, EntmtpError, load_bundle
+from entmtp.treesearch import Bundle, load_bundle
 
 from ._model_setup import (  # noqa: F401 - re-exported for the live commands
     HEAD_TYPES,

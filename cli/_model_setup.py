@@ -7,14 +7,14 @@ from pathlib import Path
 
 import typer
 
-from entmtp.core import (  # noqa: F401 - the commands' names for HEAD_TYPES and the folder check
+from entmtp.core import (  # noqa: F401 - the commands' names for engines, head types and the folder check
+    ENGINES,
     HEAD_TYPES,
     EntmtpError,
     check_output_folder,
     check_writable_target,
 )
 from entmtp.model import (  # noqa: F401 - the commands' names for the library's loading
-    ENGINES,
     SHIPPED_HEADS,
     check_device,
     check_device_and_dtype,

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.calibrate import RunDir, load_acceptance, load_front, search_stage
-from entmtp.core import all_or_none
-from entmtp.treesearch import EntmtpError, Profile, SearchSettings, Tree, load_bundle, read_json
+from entmtp.core import EntmtpError, all_or_none, read_json
+from entmtp.treesearch import Profile, SearchSettings, Tree, load_bundle
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION

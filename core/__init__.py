@@ -1,42 +1,60 @@
 """entmtp.core: what every package shares, without torch.
 
-The error type, the atomic file writers, the head types, dtype names, the one description of the
-machine a latency model was measured on, and the line that names a missing optional extra.
-Importing it imports neither torch nor transformers.
+The error type, the atomic file writers and the file readers (one discipline for every file
+entmtp writes or is given), the head types, engine and dtype names, the one description of the
+machine a latency model was measured on, the user cache folder, and the line that names a
+missing optional extra. Importing it imports neither torch nor transformers.
+
+Layer 1 of 7. Depends on nothing (the standard library only).
 """
 
 from ._atomic import (
-    all_or_none,
+    all_or_none as all_or_none,
+)
+from ._atomic import (
     atomic_write,
     atomic_write_folder,
     atomic_write_json,
     atomic_write_text,
     check_output_folder,
     check_writable_target,
-    link_refusal,
-    make_folder,
-    may_replace_read_only,
-    own_status,
-    remove_folders,
-    replacing_read_only,
+)
+from ._atomic import (
+    link_refusal as link_refusal,
+)
+from ._atomic import (
+    may_replace_read_only as may_replace_read_only,
+)
+from ._atomic import (
+    own_status as own_status,
+)
+from ._atomic import (
+    replacing_read_only as replacing_read_only,
 )
 from ._deadline import deadline_after
 from ._errors import EntmtpError
-from ._extras import EXTRA_OF_MODULE, missing_extra
+from ._extras import missing_extra
 from ._hardware import (
-    MACHINE_KEYS,
-    SYNTHETIC_LABEL,
-    CpuInfo,
+    SYNTHETIC_LABEL as SYNTHETIC_LABEL,
+)
+from ._hardware import (
     cpu_info,
-    cpu_name,
     describe_machine,
-    device_name,
     hardware_label,
-    hardware_slug,
-    parse_cpuinfo,
+)
+from ._hardware import (
+    cpu_name as cpu_name,
+)
+from ._hardware import (
+    device_name as device_name,
+)
+from ._hardware import (
+    hardware_slug as hardware_slug,
 )
 from ._names import (
-    DTYPE_ALIASES,
+    DTYPE_ALIASES as DTYPE_ALIASES,
+)
+from ._names import (
     DTYPE_NAMES,
     EAGER_ENGINE,
     ENGINES,
@@ -45,41 +63,80 @@ from ._names import (
     dtype_name,
 )
 from ._paths import user_cache_dir
+from ._readers import (
+    check_regular_file as check_regular_file,
+)
+from ._readers import (
+    check_values as check_values,
+)
+from ._readers import (
+    field_name as field_name,
+)
+from ._readers import (
+    parse_json as parse_json,
+)
+from ._readers import (
+    parse_jsonl as parse_jsonl,
+)
+from ._readers import (
+    read_bytes as read_bytes,
+)
+from ._readers import (
+    read_json,
+    read_jsonl,
+    read_text,
+)
+from ._readers import (
+    require as require,
+)
+from ._readers import (
+    short as short,
+)
 
 __all__ = [
-    "deadline_after",
-    "user_cache_dir",
-    "DTYPE_ALIASES",
-    "DTYPE_NAMES",
-    "EXTRA_OF_MODULE",
+    "EntmtpError",
     "HEAD_TYPES",
     "ENGINES",
     "STATIC_ENGINE",
     "EAGER_ENGINE",
-    "MACHINE_KEYS",
-    "SYNTHETIC_LABEL",
-    "CpuInfo",
-    "EntmtpError",
-    "all_or_none",
+    "DTYPE_NAMES",
+    "dtype_name",
     "atomic_write",
-    "atomic_write_folder",
-    "atomic_write_json",
     "atomic_write_text",
+    "atomic_write_json",
     "check_output_folder",
     "check_writable_target",
-    "cpu_info",
-    "cpu_name",
+    "read_json",
+    "read_text",
+    "read_jsonl",
     "describe_machine",
-    "device_name",
-    "dtype_name",
     "hardware_label",
+    "cpu_info",
+    "user_cache_dir",
+    "missing_extra",
+    "deadline_after",
+    "atomic_write_folder",
+]
+
+# What entmtp's upper layers and bench scripts import from this package besides __all__: not a
+# stable API.
+_LAYER_API = [
+    "DTYPE_ALIASES",
+    "SYNTHETIC_LABEL",
+    "all_or_none",
+    "check_regular_file",
+    "check_values",
+    "cpu_name",
+    "device_name",
+    "field_name",
     "hardware_slug",
     "link_refusal",
-    "make_folder",
     "may_replace_read_only",
-    "missing_extra",
     "own_status",
-    "parse_cpuinfo",
-    "remove_folders",
+    "parse_json",
+    "parse_jsonl",
+    "read_bytes",
     "replacing_read_only",
+    "require",
+    "short",
 ]

@@ -1,63 +1,238 @@
 """entmtp.evaluation: measuring the runtime. Step-latency profiling (the latency model of a
-model and its heads on this machine), the profile of live greedy trajectories, live validation
-against the exact replay, the prediction check, departures from plain decoding, and the
-benchmark with its paired statistics. Depends on core, treesearch, model and runtime.
+model and its heads on this machine), the profile of greedy trajectories (entropy and head ranks
+per position), live validation against the exact replay, the prediction check, departures from
+plain decoding, and the benchmark with its paired statistics.
 
 Names are imported on first use, so ``import entmtp.evaluation`` does not import torch.
+
+Layer 5 of 7. Depends on core, treesearch, model, runtime.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "AUTOREGRESSIVE": "._benchmark",
-    "BEST_STATIC": "._benchmark",
-    "BundleArm": "._benchmark",
-    "REFERENCE": "._benchmark",
-    "REFERENCE_ROWS": "._benchmark",
-    "REFERENCE_TREE": "._benchmark",
-    "bench_methods": "._benchmark",
-    "bench_rows": "._benchmark",
-    "bundle_prediction": "._benchmark",
-    "profile_per_head_set": "._benchmark",
-    "speedup_interval": "._benchmark",
-    "torch_threads": "._benchmark",
-    "NEAR_TIE_ULPS": "._departures",
-    "check_departure": "._departures",
-    "budget_tree": "._latency_profile",
-    "fixed_context_steps": "._latency_profile",
-    "hardware_info": "._latency_profile",
-    "profile_latency": "._latency_profile",
-    "run_record": "._latency_profile",
-    "trimmed_mean": "._latency_profile",
-    "describe_hardware": "._measure",
-    "load_for_latency": "._measure",
-    "measure_latency": "._measure",
-    "DRIFT_LIMIT": "._prediction",
-    "OracleBound": "._prediction",
-    "PredictionCheck": "._prediction",
-    "check_heads_fit": "._trajectory_profile",
-    "profile_meta": "._trajectory_profile",
-    "profile_trajectories": "._trajectory_profile",
-    "trajectory_traces": "._trajectory_profile",
-    "EncodedPrompt": "._validation",
-    "MethodRuns": "._validation",
-    "RATE_DEFINITION": "._validation",
-    "RunProgress": "._validation",
-    "autoregressive_method": "._validation",
-    "bundle_topk": "._validation",
-    "capture_line": "._validation",
-    "check_replay": "._validation",
-    "profile_live_trajectories": "._validation",
-    "ratio": "._validation",
-    "run_side_by_side": "._validation",
-    "runtime_report": "._validation",
-    "speculative_method": "._validation",
+if TYPE_CHECKING:
+    from ._benchmark import (
+        AUTOREGRESSIVE as AUTOREGRESSIVE,
+    )
+    from ._benchmark import (
+        BEST_STATIC as BEST_STATIC,
+    )
+    from ._benchmark import (
+        REFERENCE as REFERENCE,
+    )
+    from ._benchmark import (
+        REFERENCE_ROWS as REFERENCE_ROWS,
+    )
+    from ._benchmark import (
+        REFERENCE_TREE as REFERENCE_TREE,
+    )
+    from ._benchmark import (
+        BundleArm,
+        bench_methods,
+        bench_rows,
+    )
+    from ._benchmark import (
+        bundle_prediction as bundle_prediction,
+    )
+    from ._benchmark import (
+        profile_per_head_set as profile_per_head_set,
+    )
+    from ._benchmark import (
+        speedup_interval as speedup_interval,
+    )
+    from ._benchmark import (
+        torch_threads as torch_threads,
+    )
+    from ._departures import NEAR_TIE_ULPS as NEAR_TIE_ULPS
+    from ._departures import check_departure
+    from ._latency_profile import (
+        budget_tree as budget_tree,
+    )
+    from ._latency_profile import (
+        fixed_context_steps as fixed_context_steps,
+    )
+    from ._latency_profile import (
+        profile_latency,
+    )
+    from ._latency_profile import (
+        run_record as run_record,
+    )
+    from ._latency_profile import (
+        trimmed_mean as trimmed_mean,
+    )
+    from ._measure import load_for_latency as load_for_latency
+    from ._measure import measure_latency
+    from ._paired import paired_ratio_interval
+    from ._prediction import (
+        DRIFT_LIMIT as DRIFT_LIMIT,
+    )
+    from ._prediction import (
+        OracleBound as OracleBound,
+    )
+    from ._prediction import (
+        PredictionCheck,
+        check_prediction,
+    )
+    from ._trajectory_profile import (
+        check_heads_fit as check_heads_fit,
+    )
+    from ._trajectory_profile import (
+        profile_meta as profile_meta,
+    )
+    from ._trajectory_profile import (
+        profile_trajectories,
+    )
+    from ._trajectory_profile import (
+        trajectory_traces as trajectory_traces,
+    )
+    from ._validation import (
+        RATE_DEFINITION as RATE_DEFINITION,
+    )
+    from ._validation import (
+        EncodedPrompt as EncodedPrompt,
+    )
+    from ._validation import (
+        MethodRuns,
+        check_replay,
+        run_side_by_side,
+    )
+    from ._validation import (
+        RunProgress as RunProgress,
+    )
+    from ._validation import (
+        autoregressive_method as autoregressive_method,
+    )
+    from ._validation import (
+        bundle_topk as bundle_topk,
+    )
+    from ._validation import (
+        capture_line as capture_line,
+    )
+    from ._validation import (
+        profile_live_trajectories as profile_live_trajectories,
+    )
+    from ._validation import (
+        ratio as ratio,
+    )
+    from ._validation import (
+        runtime_report as runtime_report,
+    )
+    from ._validation import (
+        speculative_method as speculative_method,
+    )
+
+__all__ = [
+    "profile_latency",
+    "measure_latency",
+    "profile_trajectories",
+    "run_side_by_side",
+    "MethodRuns",
+    "check_replay",
+    "check_prediction",
+    "PredictionCheck",
+    "bench_methods",
+    "bench_rows",
+    "BundleArm",
+    "check_departure",
+    "paired_ratio_interval",
+]
+
+# What entmtp's upper layers and bench scripts import from this package besides __all__: not a
+# stable API.
+_LAYER_API = [
+    "AUTOREGRESSIVE",
+    "BEST_STATIC",
+    "DRIFT_LIMIT",
+    "EncodedPrompt",
+    "NEAR_TIE_ULPS",
+    "OracleBound",
+    "RATE_DEFINITION",
+    "REFERENCE",
+    "REFERENCE_ROWS",
+    "REFERENCE_TREE",
+    "RunProgress",
+    "autoregressive_method",
+    "budget_tree",
+    "bundle_prediction",
+    "bundle_topk",
+    "capture_line",
+    "check_heads_fit",
+    "fixed_context_steps",
+    "load_for_latency",
+    "profile_live_trajectories",
+    "profile_meta",
+    "profile_per_head_set",
+    "ratio",
+    "run_record",
+    "runtime_report",
+    "speculative_method",
+    "speedup_interval",
+    "torch_threads",
+    "trajectory_traces",
+    "trimmed_mean",
+]
+
+# module -> the names above it defines, imported on first use
+_LAZY = {
+    "._benchmark": (
+        "AUTOREGRESSIVE",
+        "BEST_STATIC",
+        "REFERENCE",
+        "REFERENCE_ROWS",
+        "REFERENCE_TREE",
+        "BundleArm",
+        "bench_methods",
+        "bench_rows",
+        "bundle_prediction",
+        "profile_per_head_set",
+        "speedup_interval",
+        "torch_threads",
+    ),
+    "._departures": ("NEAR_TIE_ULPS", "check_departure"),
+    "._latency_profile": (
+        "budget_tree",
+        "fixed_context_steps",
+        "profile_latency",
+        "run_record",
+        "trimmed_mean",
+    ),
+    "._measure": ("load_for_latency", "measure_latency"),
+    "._paired": ("paired_ratio_interval",),
+    "._prediction": ("DRIFT_LIMIT", "OracleBound", "PredictionCheck", "check_prediction"),
+    "._trajectory_profile": (
+        "check_heads_fit",
+        "profile_meta",
+        "profile_trajectories",
+        "trajectory_traces",
+    ),
+    "._validation": (
+        "RATE_DEFINITION",
+        "EncodedPrompt",
+        "MethodRuns",
+        "RunProgress",
+        "autoregressive_method",
+        "bundle_topk",
+        "capture_line",
+        "check_replay",
+        "profile_live_trajectories",
+        "ratio",
+        "run_side_by_side",
+        "runtime_report",
+        "speculative_method",
+    ),
 }
-
-__all__ = sorted(_EXPORTS)
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from entmtp.treesearch import EntmtpError
+from entmtp.core import EntmtpError
 
 
 def carryover_balanced_orders(count: int) -> list[list[int]]:

@@ -1,73 +1,240 @@
-"""entmtp.model: the model layer. Loading the base model (the default GGUF, a file, a folder, a
-hub id) and draft heads (Medusa, Hydra) with their checkpoint formats, the packed CPU linear
+"""entmtp.model: the model layer. Loading the base model (the default GGUF, a file, a folder,
+a hub id) and draft heads (Medusa, Hydra) with their checkpoint formats, the packed CPU linear
 kernel, greedy generation, the entropy and rank statistics, and the static Llama forward over a
-preallocated cache. Depends on core and treesearch only.
+preallocated cache.
 
 Names are imported on first use, so ``import entmtp.model`` does not import torch.
+
+Layer 3 of 7. Depends on core, treesearch.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "BaseModel": "._base_model",
-    "CHAT_END_TOKENS": "._base_model",
-    "load_base_model": "._base_model",
-    "model_fingerprint": "._base_model",
-    "resolve_dtype": "._base_model",
-    "cache_keyword": "._cache_keyword",
-    "draft_vocab_coverage": "._draft_vocab",
-    "frequent_tokens": "._draft_vocab",
-    "target_token_counts": "._draft_vocab",
-    "greedy_generate": "._greedy",
-    "greedy_steps": "._greedy",
-    "DraftHeads": "._heads",
-    "HydraHeads": "._heads",
-    "MIN_DRAFT_VOCAB": "._heads",
-    "MedusaHeads": "._heads",
-    "check_draft_vocab_size": "._heads",
-    "check_heads_target": "._heads_format",
-    "draft_columns": "._heads",
-    "draft_projection_weight": "._heads",
-    "draft_token_ids": "._heads",
-    "draft_vocab_problem": "._heads",
-    "load_heads": "._heads_load",
-    "new_heads": "._heads",
-    "read_heads_config": "._heads_load",
-    "save_heads": "._heads_format",
-    "unwrap_base": "._heads",
-    "ENGINES": "._loading",
-    "SHIPPED_HEADS": "._loading",
-    "check_device": "._loading",
-    "check_device_and_dtype": "._loading",
-    "check_engine": "._loading",
-    "check_head_type": "._loading",
-    "load_base": "._loading",
-    "load_heads_for": "._loading",
-    "load_model_and_heads": "._loading",
-    "quiet_transformers": "._loading",
-    "resolve_dtype_name": "._loading",
-    "resolve_heads": "._loading",
-    "shipped_heads_path": "._loading",
-    "random_model": "._random_model",
-    "linear_kernel": "._row_gemm",
-    "project_rows": "._row_gemm",
-    "row_kernel": "._row_gemm",
-    "GROUPED_KV_WAYS": "._static_model",
-    "StaticLlama": "._static_model",
-    "compact_static_cache": "._static_model",
-    "static_support": "._static_model",
-    "entropy_from_logits": "._stats",
-    "topk_ranks": "._stats",
-    "LOGIT_TRANSFORMS": "._support",
-    "TREE_ATTENTION_IMPLEMENTATIONS": "._support",
-    "attention_or_logits_problem": "._support",
-    "check_tree_attention_support": "._support",
+if TYPE_CHECKING:
+    from ._base_model import (
+        CHAT_END_TOKENS as CHAT_END_TOKENS,
+    )
+    from ._base_model import (
+        BaseModel,
+        load_base_model,
+    )
+    from ._base_model import (
+        model_fingerprint as model_fingerprint,
+    )
+    from ._base_model import (
+        resolve_dtype as resolve_dtype,
+    )
+    from ._cache_keyword import cache_keyword as cache_keyword
+    from ._draft_vocab import (
+        draft_vocab_coverage as draft_vocab_coverage,
+    )
+    from ._draft_vocab import (
+        frequent_tokens as frequent_tokens,
+    )
+    from ._draft_vocab import (
+        target_token_counts as target_token_counts,
+    )
+    from ._greedy import greedy_generate
+    from ._heads import (
+        DraftHeads,
+        HydraHeads,
+        MedusaHeads,
+        new_heads,
+    )
+    from ._heads import (
+        check_draft_vocab_size as check_draft_vocab_size,
+    )
+    from ._heads import (
+        draft_columns as draft_columns,
+    )
+    from ._heads import (
+        draft_projection_weight as draft_projection_weight,
+    )
+    from ._heads import (
+        draft_token_ids as draft_token_ids,
+    )
+    from ._heads import (
+        unwrap_base as unwrap_base,
+    )
+    from ._heads_format import check_heads_target as check_heads_target
+    from ._heads_format import save_heads
+    from ._heads_load import load_heads, read_heads_config
+    from ._loading import (
+        SHIPPED_HEADS as SHIPPED_HEADS,
+    )
+    from ._loading import (
+        check_device as check_device,
+    )
+    from ._loading import (
+        check_device_and_dtype as check_device_and_dtype,
+    )
+    from ._loading import (
+        check_engine as check_engine,
+    )
+    from ._loading import (
+        check_head_type as check_head_type,
+    )
+    from ._loading import (
+        load_base as load_base,
+    )
+    from ._loading import (
+        load_heads_for as load_heads_for,
+    )
+    from ._loading import (
+        load_model_and_heads,
+    )
+    from ._loading import (
+        quiet_transformers as quiet_transformers,
+    )
+    from ._loading import (
+        resolve_dtype_name as resolve_dtype_name,
+    )
+    from ._loading import (
+        resolve_heads as resolve_heads,
+    )
+    from ._loading import (
+        shipped_heads_path as shipped_heads_path,
+    )
+    from ._random_model import random_model
+    from ._row_gemm import (
+        linear_kernel as linear_kernel,
+    )
+    from ._row_gemm import (
+        project_rows as project_rows,
+    )
+    from ._row_gemm import (
+        row_kernel as row_kernel,
+    )
+    from ._static_model import (
+        GROUPED_KV_WAYS as GROUPED_KV_WAYS,
+    )
+    from ._static_model import (
+        StaticLlama,
+        static_support,
+    )
+    from ._static_model import (
+        compact_static_cache as compact_static_cache,
+    )
+    from ._stats import entropy_from_logits, topk_ranks
+    from ._support import (
+        LOGIT_TRANSFORMS as LOGIT_TRANSFORMS,
+    )
+    from ._support import (
+        check_tree_attention_support as check_tree_attention_support,
+    )
+
+__all__ = [
+    "BaseModel",
+    "load_base_model",
+    "random_model",
+    "DraftHeads",
+    "MedusaHeads",
+    "HydraHeads",
+    "new_heads",
+    "load_heads",
+    "save_heads",
+    "read_heads_config",
+    "load_model_and_heads",
+    "greedy_generate",
+    "StaticLlama",
+    "static_support",
+    "entropy_from_logits",
+    "topk_ranks",
+]
+
+# What entmtp's upper layers and bench scripts import from this package besides __all__: not a
+# stable API.
+_LAYER_API = [
+    "CHAT_END_TOKENS",
+    "GROUPED_KV_WAYS",
+    "LOGIT_TRANSFORMS",
+    "SHIPPED_HEADS",
+    "cache_keyword",
+    "check_device",
+    "check_device_and_dtype",
+    "check_draft_vocab_size",
+    "check_engine",
+    "check_head_type",
+    "check_heads_target",
+    "check_tree_attention_support",
+    "compact_static_cache",
+    "draft_columns",
+    "draft_projection_weight",
+    "draft_token_ids",
+    "draft_vocab_coverage",
+    "frequent_tokens",
+    "linear_kernel",
+    "load_base",
+    "load_heads_for",
+    "model_fingerprint",
+    "project_rows",
+    "quiet_transformers",
+    "resolve_dtype",
+    "resolve_dtype_name",
+    "resolve_heads",
+    "row_kernel",
+    "shipped_heads_path",
+    "target_token_counts",
+    "unwrap_base",
+]
+
+# module -> the names above it defines, imported on first use
+_LAZY = {
+    "._base_model": (
+        "CHAT_END_TOKENS",
+        "BaseModel",
+        "load_base_model",
+        "model_fingerprint",
+        "resolve_dtype",
+    ),
+    "._cache_keyword": ("cache_keyword",),
+    "._draft_vocab": ("draft_vocab_coverage", "frequent_tokens", "target_token_counts"),
+    "._greedy": ("greedy_generate",),
+    "._heads": (
+        "DraftHeads",
+        "HydraHeads",
+        "MedusaHeads",
+        "check_draft_vocab_size",
+        "draft_columns",
+        "draft_projection_weight",
+        "draft_token_ids",
+        "new_heads",
+        "unwrap_base",
+    ),
+    "._heads_format": ("check_heads_target", "save_heads"),
+    "._heads_load": ("load_heads", "read_heads_config"),
+    "._loading": (
+        "SHIPPED_HEADS",
+        "check_device",
+        "check_device_and_dtype",
+        "check_engine",
+        "check_head_type",
+        "load_base",
+        "load_heads_for",
+        "load_model_and_heads",
+        "quiet_transformers",
+        "resolve_dtype_name",
+        "resolve_heads",
+        "shipped_heads_path",
+    ),
+    "._random_model": ("random_model",),
+    "._row_gemm": ("linear_kernel", "project_rows", "row_kernel"),
+    "._static_model": ("GROUPED_KV_WAYS", "StaticLlama", "compact_static_cache", "static_support"),
+    "._stats": ("entropy_from_logits", "topk_ranks"),
+    "._support": ("LOGIT_TRANSFORMS", "check_tree_attention_support"),
 }
-
-__all__ = sorted(_EXPORTS)
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -26,10 +26,11 @@ from entmtp.core import (
     EntmtpError,
     atomic_write_folder,
     atomic_write_json,
+    check_regular_file,
     dtype_name,
+    read_json,
     user_cache_dir,
 )
-from entmtp.treesearch import check_regular_file, read_json
 
 from ._row_gemm import use_row_kernels
 

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from entmtp.core import HEAD_TYPES, EntmtpError
-from entmtp.treesearch import read_json
+from entmtp.core import HEAD_TYPES, EntmtpError, read_json
 
 from ._heads import (
     DraftHeads,

@@ -1,33 +1,108 @@
-"""entmtp.runtime: live tree-attention speculative decoding (PyTorch).
+"""entmtp.runtime: live tree-attention speculative decoding (PyTorch): drafters, the eager and
+static engines with their steps, the one decode loop, and the schedulers that pick each step's
+tree.
 
 Names are imported on first use, so ``import entmtp.runtime`` does not import torch.
+
+Layer 4 of 7. Depends on core, treesearch, model.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "DecodeResult": "._records",
-    "DecodingState": "._decode",
-    "SpeculativeDecoder": "._decode",
-    "StepLog": "._records",
-    "autoregressive_engine": "._decode",
-    "autoregressive_generate": "._decode",
-    "autoregressive_static_engine": "._decode",
-    "greedy_choice": "._decode",
-    "compact_cache": "._kv_cache",
-    "new_cache": "._kv_cache",
-    "truncate_cache": "._kv_cache",
-    "BundleScheduler": "._scheduler",
-    "StaticScheduler": "._scheduler",
-    "TreeStep": "._static_step",
-    "forward_tokens": "._verify",
-    "greedy_accept": "._verify",
+if TYPE_CHECKING:
+    from ._decode import (
+        DecodingState as DecodingState,
+    )
+    from ._decode import (
+        SpeculativeDecoder,
+        autoregressive_engine,
+        autoregressive_generate,
+    )
+    from ._decode import (
+        autoregressive_static_engine as autoregressive_static_engine,
+    )
+    from ._decode import (
+        greedy_choice as greedy_choice,
+    )
+    from ._drafter import TreeDrafter
+    from ._engine import Engine
+    from ._kv_cache import (
+        compact_cache as compact_cache,
+    )
+    from ._kv_cache import (
+        new_cache as new_cache,
+    )
+    from ._kv_cache import (
+        truncate_cache as truncate_cache,
+    )
+    from ._loop import decode
+    from ._records import DecodeResult, StepLog
+    from ._scheduler import BundleScheduler, Scheduler, StaticScheduler
+    from ._static_step import StaticEngine
+    from ._static_step import TreeStep as TreeStep
+    from ._verify import forward_tokens as forward_tokens
+    from ._verify import greedy_accept as greedy_accept
+
+__all__ = [
+    "SpeculativeDecoder",
+    "DecodeResult",
+    "StepLog",
+    "Scheduler",
+    "StaticScheduler",
+    "BundleScheduler",
+    "autoregressive_generate",
+    "autoregressive_engine",
+    "StaticEngine",
+    "TreeDrafter",
+    "Engine",
+    "decode",
+]
+
+# What entmtp's upper layers and bench scripts import from this package besides __all__: not a
+# stable API.
+_LAYER_API = [
+    "DecodingState",
+    "TreeStep",
+    "autoregressive_static_engine",
+    "compact_cache",
+    "forward_tokens",
+    "greedy_accept",
+    "greedy_choice",
+    "new_cache",
+    "truncate_cache",
+]
+
+# module -> the names above it defines, imported on first use
+_LAZY = {
+    "._decode": (
+        "DecodingState",
+        "SpeculativeDecoder",
+        "autoregressive_engine",
+        "autoregressive_generate",
+        "autoregressive_static_engine",
+        "greedy_choice",
+    ),
+    "._drafter": ("TreeDrafter",),
+    "._engine": ("Engine",),
+    "._kv_cache": ("compact_cache", "new_cache", "truncate_cache"),
+    "._loop": ("decode",),
+    "._records": ("DecodeResult", "StepLog"),
+    "._scheduler": ("BundleScheduler", "Scheduler", "StaticScheduler"),
+    "._static_step": ("StaticEngine", "TreeStep"),
+    "._verify": ("forward_tokens", "greedy_accept"),
 }
-
-__all__ = sorted(_EXPORTS)
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,126 +1,100 @@
 """entmtp.treesearch: pure numpy trees, acceptance, search, replay, schedules and bundles.
 
 Imports neither torch nor transformers.
+
+Layer 2 of 7. Depends on core.
 """
 
-from entmtp.core import EntmtpError
-
-from ._acceptance import (
-    AcceptanceTable,
-    accept_lengths,
-    acceptance_table,
-    bucket_of,
-    entropy_bucket_edges,
-    expected_accept_length,
-    independence_error,
-    independence_expected_accept_length,
-)
-from ._bundle import Bundle, bundle_from_json, bundle_to_json, load_bundle, save_bundle
-from ._estimator import EntropyEstimator, EstimatorState
-from ._exports import EXPORT_FORMATS, export, export_bundle
-from ._greedy import best_tree, best_trees
+from ._acceptance import AcceptanceTable as AcceptanceTable
+from ._acceptance import expected_accept_length
+from ._bundle import Bundle, load_bundle, save_bundle
+from ._estimator import EntropyEstimator as EntropyEstimator
+from ._exports import EXPORT_FORMATS as EXPORT_FORMATS
+from ._exports import export_bundle
+from ._greedy import best_tree
 from ._latency import (
-    MAX_TREE_NODES,
+    MAX_TREE_NODES as MAX_TREE_NODES,
+)
+from ._latency import (
     LatencyModel,
     LatencyPoint,
-    padding_summary,
-    runtime_padding,
-    with_padding,
 )
-from ._pareto import TreeCandidate, build_front, fronts_by_bucket, pareto_front, score_tree
-from ._profile import Profile, ProfileMeta, Trace, merge_profiles, values_problem
-from ._readers import (
-    check_regular_file,
-    parse_jsonl,
-    read_bytes,
-    read_json,
-    read_jsonl,
-    read_text,
-    require,
-    short,
+from ._latency import (
+    padding_summary as padding_summary,
 )
-from ._replay import Replayer, ReplayResult, best_static, oracle_replay, replay
+from ._latency import (
+    runtime_padding as runtime_padding,
+)
+from ._latency import (
+    with_padding as with_padding,
+)
+from ._pareto import TreeCandidate, build_front, pareto_front
+from ._profile import Profile, ProfileMeta, Trace, merge_profiles
+from ._profile import values_problem as values_problem
+from ._replay import Replayer as Replayer
+from ._replay import ReplayResult, oracle_replay, replay
 from ._run import (
-    SearchOutcome,
     SearchSettings,
     make_bundle,
-    outcome_to_json,
     reference_tree,
-    report_markdown,
     search,
 )
-from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
-from ._schedule_search import ScheduleSearchResult, Validation, calibrate_schedule
-from ._storage import open_storage
+from ._run import (
+    outcome_to_json as outcome_to_json,
+)
+from ._run import (
+    report_markdown as report_markdown,
+)
+from ._schedule import BASE_ENTROPY as BASE_ENTROPY
+from ._schedule import DRAFT_ENTROPY as DRAFT_ENTROPY
+from ._schedule import Schedule
+from ._storage import open_storage as open_storage
 from ._synthetic import synthetic_profile
-from ._tree import Tree, TreeBuffers
+from ._tree import Tree
 
 __all__ = [
+    "Tree",
+    "Profile",
+    "ProfileMeta",
+    "Trace",
+    "synthetic_profile",
+    "merge_profiles",
+    "expected_accept_length",
+    "best_tree",
+    "build_front",
+    "pareto_front",
+    "TreeCandidate",
+    "LatencyModel",
+    "LatencyPoint",
+    "replay",
+    "oracle_replay",
+    "ReplayResult",
+    "Schedule",
+    "SearchSettings",
+    "search",
+    "Bundle",
+    "make_bundle",
+    "load_bundle",
+    "save_bundle",
+    "export_bundle",
+    "reference_tree",
+]
+
+# What entmtp's upper layers and bench scripts import from this package besides __all__: not a
+# stable API.
+_LAYER_API = [
+    "AcceptanceTable",
     "BASE_ENTROPY",
     "DRAFT_ENTROPY",
     "EXPORT_FORMATS",
-    "MAX_TREE_NODES",
-    "AcceptanceTable",
-    "Bundle",
-    "EntmtpError",
     "EntropyEstimator",
-    "EstimatorState",
-    "LatencyModel",
-    "LatencyPoint",
-    "Profile",
-    "ProfileMeta",
-    "ReplayResult",
+    "MAX_TREE_NODES",
     "Replayer",
-    "Schedule",
-    "ScheduleSearchResult",
-    "SearchOutcome",
-    "SearchSettings",
-    "Trace",
-    "Tree",
-    "TreeBuffers",
-    "TreeCandidate",
-    "Validation",
-    "accept_lengths",
-    "acceptance_table",
-    "best_static",
-    "best_tree",
-    "best_trees",
-    "bucket_of",
-    "build_front",
-    "bundle_from_json",
-    "bundle_to_json",
-    "calibrate_schedule",
-    "check_regular_file",
-    "entropy_bucket_edges",
-    "expected_accept_length",
-    "export",
-    "export_bundle",
-    "fronts_by_bucket",
-    "independence_error",
-    "independence_expected_accept_length",
-    "load_bundle",
-    "make_bundle",
-    "merge_profiles",
     "open_storage",
-    "oracle_replay",
     "outcome_to_json",
     "padding_summary",
-    "pareto_front",
-    "parse_jsonl",
-    "read_bytes",
-    "read_json",
-    "read_jsonl",
-    "read_text",
-    "reference_tree",
-    "replay",
     "report_markdown",
-    "require",
     "runtime_padding",
-    "save_bundle",
-    "score_tree",
-    "search",
-    "short",
-    "synthetic_profile",
     "values_problem",
     "with_padding",
 ]

@@ -25,13 +25,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from entmtp.core import EntmtpError, atomic_write_text
+from entmtp.core import EntmtpError, atomic_write_text, check_values, parse_json, read_bytes
+from entmtp.core import field_name as _field
+from entmtp.core import short as _short
 
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
-from ._readers import check_values, parse_json, read_bytes
-from ._readers import field_name as _field
-from ._readers import short as _short
 from ._schedule import Schedule, check_signal, check_thresholds
 from ._tree import Tree
 

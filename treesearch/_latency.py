@@ -83,9 +83,15 @@ from typing import Any
 
 import numpy as np
 
-from entmtp.core import STATIC_ENGINE, EntmtpError, atomic_write_json
-
-from ._readers import check_values, read_json, require, short
+from entmtp.core import (
+    STATIC_ENGINE,
+    EntmtpError,
+    atomic_write_json,
+    check_values,
+    read_json,
+    require,
+    short,
+)
 
 LATENCY_FORMAT = "entmtp-latency"
 NOISE_SIGMAS = 3.0  # "beyond noise": more than this many standard errors of a difference

@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from entmtp.core import EntmtpError, atomic_write
-
-from ._readers import check_regular_file, parse_json, require, short
+from entmtp.core import EntmtpError, atomic_write, check_regular_file, parse_json, require, short
 
 PROFILE_FORMAT = "entmtp-profile"
 PROFILE_FORMAT_VERSION = 1

@@ -13,9 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from entmtp.core import EntmtpError
-
-from ._readers import parse_json
+from entmtp.core import EntmtpError, parse_json
 
 Path = tuple[int, ...]
 

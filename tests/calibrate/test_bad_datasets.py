@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from entmtp.calibrate import _tasks
-from entmtp.treesearch import EntmtpError
+from entmtp.core import EntmtpError
 
 BAD_JSONL: dict[str, tuple[bytes, str]] = {
     "binary": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not utf-8"),

@@ -18,7 +18,8 @@ import pytest
 from one_line_errors import assert_user_error, char_device, snapshot
 from typer.testing import CliRunner
 
-from entmtp.calibrate import RunDir, record_run_arguments
+from entmtp.calibrate import RunDir
+from entmtp.calibrate._rundir import record_run_arguments
 from entmtp.cli.app import app
 from entmtp.treesearch import LatencyModel, load_bundle, synthetic_profile
 

@@ -297,9 +297,9 @@ def test_heads_train_refuses_its_output_before_loading(tmp_path, kind):
 def test_save_heads_replaces_a_read_only_heads_folder_only_with_force(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from entmtp.core import EntmtpError
     from entmtp.core._atomic import replacing_read_only
     from entmtp.model import load_heads, new_heads, save_heads
-    from entmtp.treesearch import EntmtpError
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     first = save_heads(new_heads(model, head_type="medusa", num_heads=2), tmp_path / "h",
@@ -321,8 +321,8 @@ def test_save_heads_full_disk_leaves_nothing(tiny_model_dir, tmp_path, monkeypat
 
     from transformers import AutoModelForCausalLM
 
+    from entmtp.core import EntmtpError
     from entmtp.model import new_heads, save_heads
-    from entmtp.treesearch import EntmtpError
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     heads = new_heads(model, head_type="medusa", num_heads=2)

@@ -7,7 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
-from entmtp.core import MACHINE_KEYS, describe_machine
+from entmtp.core import describe_machine
+from entmtp.core._hardware import MACHINE_KEYS
 from entmtp.treesearch import LatencyModel
 
 runner = CliRunner()

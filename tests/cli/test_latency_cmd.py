@@ -11,7 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from entmtp.cli import _latency_cmd  # importing registers the commands on `app`
+from entmtp.cli import (  # importing registers the commands on `app`
+    _latency_cmd,
+)
 from entmtp.cli.app import app
 from entmtp.core import cpu_name, hardware_slug
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay
@@ -192,7 +194,8 @@ def test_real_weights_latency_and_calibrate_accepts_it(profiler, tiny_model_dir,
     assert measured.hardware["torch_threads"] == 1
     assert measured.hardware["num_heads"] == 3  # the fixture's heads, not --num-heads
     # `entmtp calibrate --latency` copies a measured model into its run unchanged.
-    from entmtp.calibrate import RunDir, latency_stage
+    from entmtp.calibrate import RunDir
+    from entmtp.calibrate._pipeline import latency_stage
 
     run = RunDir(tmp_path / "run")
     latency_stage(run, latency_file=out, loader=lambda: pytest.fail("must not load a model"))
@@ -431,8 +434,9 @@ def test_latency_strict_refuses_a_failing_model(profiler, tiny_model_dir, tmp_pa
 
 
 def test_calibrate_latency_stage_strict_refuses_a_failing_file(tmp_path):
-    from entmtp.calibrate import RunDir, latency_stage
-    from entmtp.treesearch import EntmtpError
+    from entmtp.calibrate import RunDir
+    from entmtp.calibrate._pipeline import latency_stage
+    from entmtp.core import EntmtpError
 
     bad = replace(LatencyModel.cpu_like(), fused_empty_ms=10.0, hardware={"kind": "measured"})
     source = bad.save(tmp_path / "bad.json")

@@ -70,7 +70,9 @@ def test_pareto_prints_and_plots(demo_run, tmp_path):
 def test_show_tree_draws_reference_and_bundle_trees(demo_run, tmp_path):
     from importlib import resources
 
-    from entmtp.treesearch._run import reference_tree  # noqa: F401 - shipped data is importable
+    from entmtp.treesearch._run import (  # noqa: F401 - shipped data is importable
+        reference_tree,
+    )
 
     ref = resources.files("entmtp.trees").joinpath("mc_sim_7b_63.json")
     out = tmp_path / "ref.png"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.core._atomic import (
     all_or_none,
     atomic_write_text,
     check_writable_target,
     replacing_read_only,
 )
-from entmtp.treesearch import EntmtpError
 
 
 def _files(root: Path) -> dict[str, bytes | None]:

@@ -12,16 +12,14 @@ from types import SimpleNamespace
 import pytest
 
 from entmtp.core import (
-    MACHINE_KEYS,
-    CpuInfo,
     cpu_info,
     cpu_name,
     describe_machine,
     device_name,
     hardware_label,
     hardware_slug,
-    parse_cpuinfo,
 )
+from entmtp.core._hardware import MACHINE_KEYS, CpuInfo, parse_cpuinfo
 from entmtp.treesearch import LatencyModel
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,12 +12,12 @@ import pytest
 from entmtp.core import (
     DTYPE_ALIASES,
     DTYPE_NAMES,
-    EXTRA_OF_MODULE,
     HEAD_TYPES,
     EntmtpError,
     dtype_name,
     missing_extra,
 )
+from entmtp.core._extras import EXTRA_OF_MODULE
 
 
 def test_importing_core_imports_no_torch():

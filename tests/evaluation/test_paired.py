@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.evaluation._paired import (
     carryover_balanced_orders,
     paired_ratio_interval,
     ratio_of_rates,
 )
-from entmtp.treesearch import EntmtpError
 
 
 def _reference_interval(ta, ma, tb, mb, *, level, resamples, seed):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.model._base_model import load_base_model
-from entmtp.treesearch import EntmtpError
 
 GGUFS = {
     "random-bytes": bytes(range(256)) * 4,

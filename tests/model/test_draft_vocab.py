@@ -11,12 +11,7 @@ import torch
 
 from entmtp.core import EntmtpError
 from entmtp.model._draft_vocab import draft_vocab_coverage, frequent_tokens, target_token_counts
-from entmtp.model._heads import (
-    MIN_DRAFT_VOCAB,
-    draft_columns,
-    draft_token_ids,
-    new_heads,
-)
+from entmtp.model._heads import MIN_DRAFT_VOCAB, draft_columns, draft_token_ids, new_heads
 from entmtp.model._heads_format import save_heads
 from entmtp.model._heads_load import load_heads
 from entmtp.model._stats import topk_ranks

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.model import _loading
 from entmtp.model._loading import resolve_heads, shipped_heads_path
-from entmtp.treesearch import EntmtpError
 
 SHA = {"default-medusa": "a" * 64, "default-hydra": "b" * 64, "code-hydra": "c" * 64}
 

@@ -162,8 +162,8 @@ def one_weight_changed(head_type: str, folder: Path) -> Path:
 def test_every_shipped_bundle_loads_with_its_heads_in_every_dtype(default_base, head_type,
                                                                    tmp_path):
     from entmtp.cli._live import check_bundle_fits
+    from entmtp.core import EntmtpError
     from entmtp.model import load_heads_for
-    from entmtp.treesearch import EntmtpError
 
     bundles = shipped_bundles(head_type)
     assert len(bundles) == len(TASKS) * len(TARGETS)

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from entmtp.treesearch import EntmtpError
+from entmtp.core import EntmtpError
 from entmtp.treesearch._storage import open_storage
 
 

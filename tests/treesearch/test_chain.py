@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entmtp.treesearch import EntmtpError, LatencyModel, synthetic_profile
+from entmtp.core import EntmtpError
+from entmtp.treesearch import LatencyModel, synthetic_profile
 from entmtp.treesearch._chain import best_chain, chain_tree
 
 

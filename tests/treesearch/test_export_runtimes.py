@@ -25,7 +25,8 @@ from export_runtimes import (
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
-from entmtp.treesearch import EntmtpError, load_bundle, save_bundle, synthetic_profile
+from entmtp.core import EntmtpError
+from entmtp.treesearch import load_bundle, save_bundle, synthetic_profile
 from entmtp.treesearch._bundle import (
     Bundle,
     CreatedBy,

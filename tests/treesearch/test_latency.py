@@ -12,12 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entmtp.core import EntmtpError
-from entmtp.treesearch._latency import (
-    DECODER_OVERHEAD,
-    NOISE_SIGMAS,
-    LatencyModel,
-    LatencyPoint,
-)
+from entmtp.treesearch._latency import DECODER_OVERHEAD, NOISE_SIGMAS, LatencyModel, LatencyPoint
 from entmtp.treesearch._tree import Tree
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from entmtp.treesearch import EntmtpError, Profile, synthetic_profile
+from entmtp.core import EntmtpError
+from entmtp.treesearch import Profile, synthetic_profile
 from entmtp.treesearch._profile import values_problem
 
 Arrays = dict[str, np.ndarray]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from entmtp.core import EntmtpError
+from ._errors import EntmtpError
 
 MAX_FILE_BYTES = 1 << 30  # no JSON or JSONL file entmtp reads comes near a gigabyte
 MAX_NESTING = 64  # entmtp's own files nest a few levels; deeper input would exhaust recursion
