@@ -11,7 +11,7 @@ Each budget tree's step (the empty one is autoregressive decoding's plain step, 
 is timed the latency profiler's way, launch to readback from a restored state at a fixed
 context, once per way, all of them in a fresh random order each round. ``--batch B`` times
 instead the batch forward of batched greedy generation (``B`` rows, one token each: a step of
-``calibrate/_greedy.py``'s ``batch_greedy_steps``) over a past of each context. Prints per step
+``model/_greedy.py``'s ``batch_greedy_steps``) over a past of each context. Prints per step
 and context the median ms of each way, the median per-round ratio of the runtime's way
 (``StaticLlama.grouped_kv_way``'s choice) to each other way with its interquartile range, and
 whether the ways wrote the same cache entries as the repeat (transformers' way; ``sdpa`` must,
@@ -75,7 +75,7 @@ def tree_runs(engine, steps: dict[str, object], context: int, vocab: int) -> dic
 
 
 def batch_runs(net, cache: torch.Tensor, context: int, vocab: int) -> dict[str, Run]:
-    """One step of batched greedy generation's backbone (``calibrate/_greedy.py``: one token per
+    """One step of batched greedy generation's backbone (``model/_greedy.py``: one token per
     row at slot ``context``, an additive mask) over a cache whose first ``context`` slots hold
     random keys and values; every run rewrites the same slot."""
     rows = cache.shape[2]

@@ -6,7 +6,7 @@
 Multiplies ``q`` rows by every matrix of the default model's architecture (SmolLM2-135M: 30
 layers of q, k, v, o, gate, up, down, then the 49152 x 576 lm_head; random fp32 weights, which
 do not change a matmul's time) once per round, with the matrices streamed from memory as in a
-real step. Kernels (``calibrate/_row_gemm.py``): the few-row kernel (``project_rows`` of a
+real step. Kernels (``model/_row_gemm.py``): the few-row kernel (``project_rows`` of a
 weight used once), ``torch.ops.mkldnn._linear_pointwise`` on the plain weight (oneDNN), and
 the packed kernel every CPU linear uses (``project_rows(..., reused=True)``: oneDNN over a copy
 of the weight packed once, before the first round). Interleaved rounds; prints each kernel's

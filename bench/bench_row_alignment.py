@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_row_alignment.py [--threads 2]
 
-Times ``project_rows`` (calibrate/_row_gemm.py) for the default model's matrix shapes at every
+Times ``project_rows`` (model/_row_gemm.py) for the default model's matrix shapes at every
 row count 1..33 and a few larger ones, and prints, per shape, ms per product and the cheapest
 row count at or above each count (what padding the rows to it would cost). Run it on a quiet
 machine; it names the CPU.

@@ -6,7 +6,7 @@
 
 Runs the backbone plus lm_head over ``q`` new tokens after ``--context`` cached ones (a plain
 step is q = 1; verifying a tree of n nodes is q = n + 1) with every linear layer on
-``F.linear``, on the few-row kernel and on the packed oneDNN kernel (``calibrate/_row_gemm.py``;
+``F.linear``, on the few-row kernel and on the packed oneDNN kernel (``model/_row_gemm.py``;
 the last is what entmtp uses on a CPU), in interleaved rounds of the same random-weight model
 (``random_model``: the step time does not depend on the weights' values). Prints each one's
 trimmed mean ms (the latency profiler's ``trimmed_mean``), the packed kernel's speed-up over each

@@ -16,7 +16,7 @@ graphs, and checks: graphs == no graphs exactly (the same kernels), and static =
 not, the first departure and its top-two logit margin (random weights have near-ties). Then it
 times eager vs graphs in interleaved rounds (the engine that goes first alternates): median
 per-step ms and their ratio. Departures are judged against plain greedy decoding in the same
-dtype (runtime/_departures.py: a near-tie of the top two logits, or not). The issue's targets
+dtype (evaluation/_departures.py: a near-tie of the top two logits, or not). The issue's targets
 (``TARGETS``, judged by ``judge_targets``): the graph runtime's autoregressive step over the bare
 captured forward of one token (at most 1.25x), and a 64-node tree's whole step over the bare
 captured forward of its 65 tokens (drafting and bookkeeping at most 15% of it), both over the
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, device_name
+from entmtp.core import DTYPE_ALIASES, HEAD_TYPES, atomic_write_text, device_name
 from entmtp.evaluation import budget_tree, check_departure, run_record
 from entmtp.model import GROUPED_KV_WAYS, StaticLlama, new_heads, resolve_dtype
 from entmtp.runtime import (
@@ -296,10 +296,7 @@ def write_report(report: dict, out: Path) -> None:
     """``static_check.json`` under ``out`` with the targets of the arms so far (temp file, then
     rename: a run stopped mid-write leaves the previous report)."""
     report["targets"] = judge_targets(report["arms"])
-    out.mkdir(parents=True, exist_ok=True)
-    temporary = out / "static_check.json.tmp"
-    temporary.write_text(json.dumps(report, indent=1) + "\n")
-    temporary.replace(out / "static_check.json")
+    atomic_write_text(out / "static_check.json", json.dumps(report, indent=1) + "\n")
 
 
 def main() -> None:

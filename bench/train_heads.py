@@ -51,6 +51,7 @@ from entmtp.calibrate import (
     train_on_trajectories,
 )
 from entmtp.calibrate._tasks import _is_creative_request, _iter_json_array, _usable_prompt
+from entmtp.core import atomic_write
 from entmtp.model import load_base_model, new_heads, save_heads
 
 GSM8K_TRAIN = "gsm8k/train.jsonl"
@@ -475,13 +476,11 @@ def write_jsonl_gz(path: str, rows: list[dict]) -> Path:
     """``rows`` as gzipped JSON lines at ``path``, whole or not at all (temp file, rename)."""
     import gzip
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
-    tmp.replace(out)
-    return out
+    def write(handle) -> None:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=handle) as packed:
+            packed.writelines((json.dumps(row) + "\n").encode("utf-8") for row in rows)
+
+    return atomic_write(path, write)
 
 
 def write_jsonl(args: argparse.Namespace) -> int:

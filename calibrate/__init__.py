@@ -14,85 +14,42 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._accuracy import (
-        HeadRanks as HeadRanks,
-    )
-    from ._accuracy import (
-        accuracy_table as accuracy_table,
-    )
-    from ._accuracy import (
-        head_accuracy,
-    )
-    from ._accuracy import (
-        head_ranks as head_ranks,
-    )
+    from ._accuracy import HeadRanks, accuracy_table, head_accuracy, head_ranks
     from ._head_training import TrainArguments, TrainedHeads, train_heads_run
     from ._headdata import (
-        DataItem as DataItem,
-    )
-    from ._headdata import (
-        encode_item as encode_item,
-    )
-    from ._headdata import (
+        DataItem,
+        encode_item,
         read_head_data,
+        read_head_data_index,
+        read_jsonl_items,
+        record_trajectories,
         write_head_data,
     )
-    from ._headdata import (
-        read_head_data_index as read_head_data_index,
-    )
-    from ._headdata import (
-        read_jsonl_items as read_jsonl_items,
-    )
-    from ._headdata import (
-        record_trajectories as record_trajectories,
-    )
     from ._pipeline import (
-        DEMO_LATENCIES as DEMO_LATENCIES,
-    )
-    from ._pipeline import (
-        DEMO_SCHEDULE_TRIALS as DEMO_SCHEDULE_TRIALS,
-    )
-    from ._pipeline import (
+        DEMO_LATENCIES,
+        DEMO_SCHEDULE_TRIALS,
         CalibrateArguments,
         Event,
         Progress,
         calibrate,
+        check_latency_model,
+        command_line,
         demo_run,
         retarget_run,
-    )
-    from ._pipeline import (
-        check_latency_model as check_latency_model,
-    )
-    from ._pipeline import (
-        command_line as command_line,
-    )
-    from ._pipeline import (
-        search_stage as search_stage,
-    )
-    from ._pipeline import (
-        source_run as source_run,
+        search_stage,
+        source_run,
     )
     from ._profiler import profile_prompts
-    from ._rundir import RunDir
-    from ._rundir import load_acceptance as load_acceptance
-    from ._rundir import load_front as load_front
-    from ._tasks import CODE_INSTRUCTION as CODE_INSTRUCTION
-    from ._tasks import TASKS, TaskPrompt, load_prompts
+    from ._rundir import RunDir, load_acceptance, load_front
+    from ._tasks import CODE_INSTRUCTION, TASKS, TaskPrompt, load_prompts
     from ._train import fit_heads
-    from ._train_run import train_heads
-    from ._train_run import train_on_trajectories as train_on_trajectories
+    from ._train_run import train_heads, train_on_trajectories
     from ._trajectories import (
         Trajectory,
         generate_trajectories,
-    )
-    from ._trajectories import (
-        load_trajectories as load_trajectories,
-    )
-    from ._trajectories import (
-        save_trajectories as save_trajectories,
-    )
-    from ._trajectories import (
-        text_trajectories as text_trajectories,
+        load_trajectories,
+        save_trajectories,
+        text_trajectories,
     )
 
 __all__ = [

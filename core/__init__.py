@@ -9,52 +9,32 @@ Layer 1 of 7. Depends on nothing (the standard library only).
 """
 
 from ._atomic import (
-    all_or_none as all_or_none,
-)
-from ._atomic import (
+    all_or_none,
     atomic_write,
     atomic_write_folder,
     atomic_write_json,
     atomic_write_text,
     check_output_folder,
     check_writable_target,
-)
-from ._atomic import (
-    link_refusal as link_refusal,
-)
-from ._atomic import (
-    may_replace_read_only as may_replace_read_only,
-)
-from ._atomic import (
-    own_status as own_status,
-)
-from ._atomic import (
-    replacing_read_only as replacing_read_only,
+    link_refusal,
+    may_replace_read_only,
+    own_status,
+    replacing_read_only,
 )
 from ._deadline import deadline_after
 from ._errors import EntmtpError
 from ._extras import missing_extra
 from ._hardware import (
-    SYNTHETIC_LABEL as SYNTHETIC_LABEL,
-)
-from ._hardware import (
+    SYNTHETIC_LABEL,
     cpu_info,
+    cpu_name,
     describe_machine,
+    device_name,
     hardware_label,
-)
-from ._hardware import (
-    cpu_name as cpu_name,
-)
-from ._hardware import (
-    device_name as device_name,
-)
-from ._hardware import (
-    hardware_slug as hardware_slug,
+    hardware_slug,
 )
 from ._names import (
-    DTYPE_ALIASES as DTYPE_ALIASES,
-)
-from ._names import (
+    DTYPE_ALIASES,
     DTYPE_NAMES,
     EAGER_ENGINE,
     ENGINES,
@@ -64,33 +44,17 @@ from ._names import (
 )
 from ._paths import user_cache_dir
 from ._readers import (
-    check_regular_file as check_regular_file,
-)
-from ._readers import (
-    check_values as check_values,
-)
-from ._readers import (
-    field_name as field_name,
-)
-from ._readers import (
-    parse_json as parse_json,
-)
-from ._readers import (
-    parse_jsonl as parse_jsonl,
-)
-from ._readers import (
-    read_bytes as read_bytes,
-)
-from ._readers import (
+    check_regular_file,
+    check_values,
+    field_name,
+    parse_json,
+    parse_jsonl,
+    read_bytes,
     read_json,
     read_jsonl,
     read_text,
-)
-from ._readers import (
-    require as require,
-)
-from ._readers import (
-    short as short,
+    require,
+    short,
 )
 
 __all__ = [

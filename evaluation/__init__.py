@@ -15,113 +15,50 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._benchmark import (
-        AUTOREGRESSIVE as AUTOREGRESSIVE,
-    )
-    from ._benchmark import (
-        BEST_STATIC as BEST_STATIC,
-    )
-    from ._benchmark import (
-        REFERENCE as REFERENCE,
-    )
-    from ._benchmark import (
-        REFERENCE_ROWS as REFERENCE_ROWS,
-    )
-    from ._benchmark import (
-        REFERENCE_TREE as REFERENCE_TREE,
-    )
-    from ._benchmark import (
+        AUTOREGRESSIVE,
+        BEST_STATIC,
+        REFERENCE,
+        REFERENCE_ROWS,
+        REFERENCE_TREE,
         BundleArm,
         bench_methods,
         bench_rows,
+        bundle_prediction,
+        profile_per_head_set,
+        speedup_interval,
+        torch_threads,
     )
-    from ._benchmark import (
-        bundle_prediction as bundle_prediction,
-    )
-    from ._benchmark import (
-        profile_per_head_set as profile_per_head_set,
-    )
-    from ._benchmark import (
-        speedup_interval as speedup_interval,
-    )
-    from ._benchmark import (
-        torch_threads as torch_threads,
-    )
-    from ._departures import NEAR_TIE_ULPS as NEAR_TIE_ULPS
-    from ._departures import check_departure
+    from ._departures import NEAR_TIE_ULPS, check_departure
     from ._latency_profile import (
-        budget_tree as budget_tree,
-    )
-    from ._latency_profile import (
-        fixed_context_steps as fixed_context_steps,
-    )
-    from ._latency_profile import (
+        budget_tree,
+        fixed_context_steps,
         profile_latency,
+        run_record,
+        trimmed_mean,
     )
-    from ._latency_profile import (
-        run_record as run_record,
-    )
-    from ._latency_profile import (
-        trimmed_mean as trimmed_mean,
-    )
-    from ._measure import load_for_latency as load_for_latency
-    from ._measure import measure_latency
+    from ._measure import load_for_latency, measure_latency
     from ._paired import paired_ratio_interval
-    from ._prediction import (
-        DRIFT_LIMIT as DRIFT_LIMIT,
-    )
-    from ._prediction import (
-        OracleBound as OracleBound,
-    )
-    from ._prediction import (
-        PredictionCheck,
-        check_prediction,
-    )
+    from ._prediction import DRIFT_LIMIT, OracleBound, PredictionCheck, check_prediction
     from ._trajectory_profile import (
-        check_heads_fit as check_heads_fit,
-    )
-    from ._trajectory_profile import (
-        profile_meta as profile_meta,
-    )
-    from ._trajectory_profile import (
+        check_heads_fit,
+        profile_meta,
         profile_trajectories,
-    )
-    from ._trajectory_profile import (
-        trajectory_traces as trajectory_traces,
+        trajectory_traces,
     )
     from ._validation import (
-        RATE_DEFINITION as RATE_DEFINITION,
-    )
-    from ._validation import (
-        EncodedPrompt as EncodedPrompt,
-    )
-    from ._validation import (
+        RATE_DEFINITION,
+        EncodedPrompt,
         MethodRuns,
+        RunProgress,
+        autoregressive_method,
+        bundle_topk,
+        capture_line,
         check_replay,
+        profile_live_trajectories,
+        ratio,
         run_side_by_side,
-    )
-    from ._validation import (
-        RunProgress as RunProgress,
-    )
-    from ._validation import (
-        autoregressive_method as autoregressive_method,
-    )
-    from ._validation import (
-        bundle_topk as bundle_topk,
-    )
-    from ._validation import (
-        capture_line as capture_line,
-    )
-    from ._validation import (
-        profile_live_trajectories as profile_live_trajectories,
-    )
-    from ._validation import (
-        ratio as ratio,
-    )
-    from ._validation import (
-        runtime_report as runtime_report,
-    )
-    from ._validation import (
-        speculative_method as speculative_method,
+        runtime_report,
+        speculative_method,
     )
 
 __all__ = [

@@ -186,7 +186,7 @@ def hardware_info(model: torch.nn.Module) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "dtype": str(weight.dtype).replace("torch.", ""),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        # "onednn-packed", "few-row" or "torch" (calibrate/_row_gemm.py)
+        # "onednn-packed", "few-row" or "torch" (model/_row_gemm.py)
         "linear_kernel": linear_kernel(model.get_output_embeddings()),
     }
 

@@ -15,116 +15,47 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._base_model import (
-        CHAT_END_TOKENS as CHAT_END_TOKENS,
-    )
-    from ._base_model import (
+        CHAT_END_TOKENS,
         BaseModel,
         load_base_model,
+        model_fingerprint,
+        resolve_dtype,
     )
-    from ._base_model import (
-        model_fingerprint as model_fingerprint,
-    )
-    from ._base_model import (
-        resolve_dtype as resolve_dtype,
-    )
-    from ._cache_keyword import cache_keyword as cache_keyword
-    from ._draft_vocab import (
-        draft_vocab_coverage as draft_vocab_coverage,
-    )
-    from ._draft_vocab import (
-        frequent_tokens as frequent_tokens,
-    )
-    from ._draft_vocab import (
-        target_token_counts as target_token_counts,
-    )
+    from ._cache_keyword import cache_keyword
+    from ._draft_vocab import draft_vocab_coverage, frequent_tokens, target_token_counts
     from ._greedy import greedy_generate
     from ._heads import (
         DraftHeads,
         HydraHeads,
         MedusaHeads,
+        check_draft_vocab_size,
+        draft_columns,
+        draft_projection_weight,
+        draft_token_ids,
         new_heads,
+        unwrap_base,
     )
-    from ._heads import (
-        check_draft_vocab_size as check_draft_vocab_size,
-    )
-    from ._heads import (
-        draft_columns as draft_columns,
-    )
-    from ._heads import (
-        draft_projection_weight as draft_projection_weight,
-    )
-    from ._heads import (
-        draft_token_ids as draft_token_ids,
-    )
-    from ._heads import (
-        unwrap_base as unwrap_base,
-    )
-    from ._heads_format import check_heads_target as check_heads_target
-    from ._heads_format import save_heads
+    from ._heads_format import check_heads_target, save_heads
     from ._heads_load import load_heads, read_heads_config
     from ._loading import (
-        SHIPPED_HEADS as SHIPPED_HEADS,
-    )
-    from ._loading import (
-        check_device as check_device,
-    )
-    from ._loading import (
-        check_device_and_dtype as check_device_and_dtype,
-    )
-    from ._loading import (
-        check_engine as check_engine,
-    )
-    from ._loading import (
-        check_head_type as check_head_type,
-    )
-    from ._loading import (
-        load_base as load_base,
-    )
-    from ._loading import (
-        load_heads_for as load_heads_for,
-    )
-    from ._loading import (
+        SHIPPED_HEADS,
+        check_device,
+        check_device_and_dtype,
+        check_engine,
+        check_head_type,
+        load_base,
+        load_heads_for,
         load_model_and_heads,
-    )
-    from ._loading import (
-        quiet_transformers as quiet_transformers,
-    )
-    from ._loading import (
-        resolve_dtype_name as resolve_dtype_name,
-    )
-    from ._loading import (
-        resolve_heads as resolve_heads,
-    )
-    from ._loading import (
-        shipped_heads_path as shipped_heads_path,
+        quiet_transformers,
+        resolve_dtype_name,
+        resolve_heads,
+        shipped_heads_path,
     )
     from ._random_model import random_model
-    from ._row_gemm import (
-        linear_kernel as linear_kernel,
-    )
-    from ._row_gemm import (
-        project_rows as project_rows,
-    )
-    from ._row_gemm import (
-        row_kernel as row_kernel,
-    )
-    from ._static_model import (
-        GROUPED_KV_WAYS as GROUPED_KV_WAYS,
-    )
-    from ._static_model import (
-        StaticLlama,
-        static_support,
-    )
-    from ._static_model import (
-        compact_static_cache as compact_static_cache,
-    )
+    from ._row_gemm import linear_kernel, project_rows, row_kernel
+    from ._static_model import GROUPED_KV_WAYS, StaticLlama, compact_static_cache, static_support
     from ._stats import entropy_from_logits, topk_ranks
-    from ._support import (
-        LOGIT_TRANSFORMS as LOGIT_TRANSFORMS,
-    )
-    from ._support import (
-        check_tree_attention_support as check_tree_attention_support,
-    )
+    from ._support import LOGIT_TRANSFORMS, check_tree_attention_support
 
 __all__ = [
     "BaseModel",

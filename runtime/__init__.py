@@ -14,37 +14,21 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._decode import (
-        DecodingState as DecodingState,
-    )
-    from ._decode import (
+        DecodingState,
         SpeculativeDecoder,
         autoregressive_engine,
         autoregressive_generate,
-    )
-    from ._decode import (
-        autoregressive_static_engine as autoregressive_static_engine,
-    )
-    from ._decode import (
-        greedy_choice as greedy_choice,
+        autoregressive_static_engine,
+        greedy_choice,
     )
     from ._drafter import TreeDrafter
     from ._engine import Engine
-    from ._kv_cache import (
-        compact_cache as compact_cache,
-    )
-    from ._kv_cache import (
-        new_cache as new_cache,
-    )
-    from ._kv_cache import (
-        truncate_cache as truncate_cache,
-    )
+    from ._kv_cache import compact_cache, new_cache, truncate_cache
     from ._loop import decode
     from ._records import DecodeResult, StepLog
     from ._scheduler import BundleScheduler, Scheduler, StaticScheduler
-    from ._static_step import StaticEngine
-    from ._static_step import TreeStep as TreeStep
-    from ._verify import forward_tokens as forward_tokens
-    from ._verify import greedy_accept as greedy_accept
+    from ._static_step import StaticEngine, TreeStep
+    from ._verify import forward_tokens, greedy_accept
 
 __all__ = [
     "SpeculativeDecoder",

@@ -5,50 +5,32 @@ Imports neither torch nor transformers.
 Layer 2 of 7. Depends on core.
 """
 
-from ._acceptance import AcceptanceTable as AcceptanceTable
-from ._acceptance import expected_accept_length
+from ._acceptance import AcceptanceTable, expected_accept_length
 from ._bundle import Bundle, load_bundle, save_bundle
-from ._estimator import EntropyEstimator as EntropyEstimator
-from ._exports import EXPORT_FORMATS as EXPORT_FORMATS
-from ._exports import export_bundle
+from ._estimator import EntropyEstimator
+from ._exports import EXPORT_FORMATS, export_bundle
 from ._greedy import best_tree
 from ._latency import (
-    MAX_TREE_NODES as MAX_TREE_NODES,
-)
-from ._latency import (
+    MAX_TREE_NODES,
     LatencyModel,
     LatencyPoint,
-)
-from ._latency import (
-    padding_summary as padding_summary,
-)
-from ._latency import (
-    runtime_padding as runtime_padding,
-)
-from ._latency import (
-    with_padding as with_padding,
+    padding_summary,
+    runtime_padding,
+    with_padding,
 )
 from ._pareto import TreeCandidate, build_front, pareto_front
-from ._profile import Profile, ProfileMeta, Trace, merge_profiles
-from ._profile import values_problem as values_problem
-from ._replay import Replayer as Replayer
-from ._replay import ReplayResult, oracle_replay, replay
+from ._profile import Profile, ProfileMeta, Trace, merge_profiles, values_problem
+from ._replay import Replayer, ReplayResult, oracle_replay, replay
 from ._run import (
     SearchSettings,
     make_bundle,
+    outcome_to_json,
     reference_tree,
+    report_markdown,
     search,
 )
-from ._run import (
-    outcome_to_json as outcome_to_json,
-)
-from ._run import (
-    report_markdown as report_markdown,
-)
-from ._schedule import BASE_ENTROPY as BASE_ENTROPY
-from ._schedule import DRAFT_ENTROPY as DRAFT_ENTROPY
-from ._schedule import Schedule
-from ._storage import open_storage as open_storage
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
+from ._storage import open_storage
 from ._synthetic import synthetic_profile
 from ._tree import Tree
 

@@ -21,7 +21,7 @@ VOCAB, HIDDEN = 128, 32
 
 
 class StandInHeads(torch.nn.Module):
-    """Random heads with exactly the DraftHeads interface (until calibrate/_heads.py lands).
+    """Random heads with exactly the DraftHeads interface (until model/_heads.py lands).
 
     Hydra mixes an embedding of the prefix (order-dependent) into the hidden state.
     """

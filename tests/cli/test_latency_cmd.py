@@ -43,7 +43,7 @@ def _quick_latency_args(out) -> list[str]:
 # -- entmtp latency ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def profiler():
-    # runtime/_latency_profile.py is written alongside this command; skip until it exists.
+    # evaluation/_latency_profile.py is written alongside this command; skip until it exists.
     return pytest.importorskip("entmtp.evaluation._latency_profile")
 
 

@@ -1,5 +1,5 @@
 """Which heads folder a command loads: --heads, else the shipped heads of a type, and for a
-bundle the shipped folder whose sha256 is the bundle's (calibrate._loading)."""
+bundle the shipped folder whose sha256 is the bundle's (model._loading)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ The models attend sharply (query and key projections scaled up), so that attenti
 the rotary positions, and two prompts are 300 tokens long (positions past 256, which bf16 does
 not represent exactly): a rotary embedding computed in low precision then turns into departures
 from clear choices, not only into flipped near-ties. (Rotary angles computed in the model's dtype
-in runtime/_static_model.py fail the plain test in bf16 and fp16, and the bf16 tree test by a
+in model/_static_model.py fail the plain test in bf16 and fp16, and the bf16 tree test by a
 departure 16 units from the top logit on a long prompt.)
 """
 
