@@ -33,6 +33,7 @@ from ._hardware import (
     hardware_label,
     hardware_slug,
 )
+from ._lazy import lazy_attributes
 from ._names import (
     DTYPE_ALIASES,
     DTYPE_NAMES,
@@ -80,6 +81,7 @@ __all__ = [
     "missing_extra",
     "deadline_after",
     "atomic_write_folder",
+    "lazy_attributes",
 ]
 
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a

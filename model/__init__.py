@@ -10,8 +10,9 @@ Layer 3 of 7. Depends on core, treesearch.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from entmtp.core import lazy_attributes
 
 if TYPE_CHECKING:
     from ._base_model import (
@@ -157,15 +158,4 @@ _LAZY = {
     "._stats": ("entropy_from_logits", "topk_ranks"),
     "._support": ("LOGIT_TRANSFORMS", "check_tree_attention_support"),
 }
-_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

@@ -9,8 +9,9 @@ Layer 4 of 7. Depends on core, treesearch, model.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from entmtp.core import lazy_attributes
 
 if TYPE_CHECKING:
     from ._decode import (
@@ -78,15 +79,4 @@ _LAZY = {
     "._static_step": ("StaticEngine", "TreeStep"),
     "._verify": ("forward_tokens", "greedy_accept"),
 }
-_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
