@@ -430,8 +430,9 @@ def bench(
         console.print(f"[dim]{note}[/dim]")
     on_cpu = next(base.model.parameters()).device.type == "cpu"
     with torch_threads(thread_count if on_cpu else None) as used_threads:
-        with run_progress(console, f"bench ({len(methods)} methods)",
-                          len(methods) * len(encoded)) as progress:
+        measured = [m for m in methods if m.same_as is None]
+        with run_progress(console, f"bench ({len(measured)} methods)",
+                          len(measured) * len(encoded)) as progress:
             runs = run_side_by_side(methods, encoded, max_new_tokens=max_new_tokens,
                                     progress=progress)
         rows = bench_rows(runs)
@@ -449,6 +450,10 @@ def bench(
     oracles = [check.oracle for check in checks.values()]
     title = f"bench: {len(encoded)} {split} prompts of {task_name}, {max_new_tokens} new tokens"
     console.print(_table(rows, oracles, title))
+    for row in rows:
+        if row.get("same_runs_as"):
+            console.print(f"[dim]{row['same_runs_as']} and {row['name']}: one tree on the same "
+                          "steps, measured once[/dim]")
     if checks:
         console.print(_prediction_table(list(checks.values())))
         step_table = _step_time_table(list(checks.values()))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from entmtp.core import EntmtpError
 from entmtp.treesearch import LatencyModel, Profile, ReplayResult, Schedule, Tree, replay
 
 from ._paired import carryover_balanced_orders
@@ -50,6 +51,9 @@ class Method:
     info: dict[str, Any] = field(default_factory=dict)  # heads, tree sizes ... for the report
     # makes the runtime ready for contexts up to n tokens (cache reserved, graphs captured)
     ready: Callable[[int], None] | None = None
+    # the name of a method this one decodes exactly as (the same scheduler path and steps): it
+    # shares that method's runs instead of measuring the same thing again at another moment
+    same_as: str | None = None
 
 
 @dataclass
@@ -149,20 +153,29 @@ def run_side_by_side(
     """Every method on every prompt, interleaved: prompt ``p`` runs the methods in row
     ``p`` (cycled) of a carryover-balanced design, so drift in machine load and the state one
     method leaves the next spread over all methods. Each method first decodes a few tokens
-    unmeasured (warm-up: lazy initialisation, plan caches)."""
+    unmeasured (warm-up: lazy initialisation, plan caches). A method with ``same_as`` is not
+    run: it shares the runs of the method it names."""
     runs = [MethodRuns(m) for m in methods]
     if not prompts:
         return runs
-    longest = max(len(p.ids) for p in prompts) + max_new_tokens
+    index = {method.name: i for i, method in enumerate(methods)}
+    measured = [i for i, method in enumerate(methods) if method.same_as is None]
     for method in methods:
-        if method.ready is not None:
-            method.ready(longest)
-        method.run(prompts[0].ids, min(WARMUP_TOKENS, max_new_tokens))
+        target = method.same_as
+        if target is not None and (target not in index or methods[index[target]].same_as):
+            raise EntmtpError(f"method {method.name} shares the runs of {method.same_as}, which "
+                              "is not a measured method of the same run")
+    longest = max(len(p.ids) for p in prompts) + max_new_tokens
+    for m in measured:
+        if methods[m].ready is not None:
+            methods[m].ready(longest)
+        methods[m].run(prompts[0].ids, min(WARMUP_TOKENS, max_new_tokens))
     slots: list[list[Any]] = [[None] * len(prompts) for _ in methods]
     produced, seconds = 0, 0.0
-    orders = carryover_balanced_orders(len(methods))
+    orders = carryover_balanced_orders(len(measured))
     for p, prompt in enumerate(prompts):
-        for m in orders[p % len(orders)]:
+        for position in orders[p % len(orders)]:
+            m = measured[position]
             result = methods[m].run(prompt.ids, max_new_tokens)
             slots[m][p] = result
             produced += len(result.tokens)
@@ -170,7 +183,8 @@ def run_side_by_side(
             if progress is not None:
                 progress(produced / seconds if seconds > 0 else math.nan)
     for run, results in zip(runs, slots, strict=True):
-        run.results = results
+        same_as = run.method.same_as
+        run.results = list(slots[index[same_as]]) if same_as is not None else results
     return runs
 
 

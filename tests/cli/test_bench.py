@@ -24,8 +24,16 @@ from typer.testing import CliRunner
 from entmtp.cli import _bench
 from entmtp.cli._live import read_bundle
 from entmtp.cli.app import app
+from entmtp.evaluation._benchmark import runs_as_static
 from entmtp.evaluation._prediction import DRIFT_LIMIT, drift_warning
-from entmtp.treesearch import LatencyModel, Profile, load_bundle, oracle_replay, save_bundle
+from entmtp.treesearch import (
+    LatencyModel,
+    Profile,
+    Tree,
+    load_bundle,
+    oracle_replay,
+    save_bundle,
+)
 
 runner = CliRunner()
 
@@ -303,6 +311,28 @@ def test_a_one_tree_bundle_has_no_oracle_fraction(two, spy, tmp_path):
     line = next(li for li in result.output.splitlines() if li.startswith("entmtp:"))
     assert "of oracle - n/a" in line
     assert re.search(r"vs static [0-9.]+x \[[0-9.-]+\] n/a", line), line
+    # decoded on the best-static row's steps: measured once, the row shares those runs
+    rows = {row["name"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["entmtp"]["same_runs_as"] == "best-static"
+    assert rows["entmtp"]["per_prompt"] == rows["best-static"]["per_prompt"]
+    assert rows["entmtp"]["speedup"]["best-static"] == 1.0
+    assert "best-static and entmtp: one tree on the same steps, measured once" in result.output
+    assert "bench (3 methods)" in result.output
+
+
+def test_only_a_one_tree_bundle_of_its_best_static_tree_runs_as_static(two):
+    bundle = load_bundle(two.medusa_run / "bundle.json")
+    static = bundle.best_static
+    one_tree = dataclasses.replace(
+        bundle, trees=[static.tree], thresholds=[], tree_stats=bundle.tree_stats[:1],
+        best_static=dataclasses.replace(static, tree_index=0))
+    assert runs_as_static(one_tree)
+    other = Tree.from_paths([[0]]) if static.tree != Tree.from_paths([[0]]) else \
+        Tree.from_paths([[0], [1]])
+    assert not runs_as_static(dataclasses.replace(one_tree, trees=[other]))
+    assert not runs_as_static(dataclasses.replace(one_tree, best_static=None))
+    if len(bundle.trees) > 1:
+        assert not runs_as_static(bundle)
 
 
 def test_two_bundles_of_one_head_type_is_a_one_line_error(two, tmp_path):

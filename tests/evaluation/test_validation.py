@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from entmtp.core import EntmtpError
 from entmtp.evaluation._paired import carryover_balanced_orders
 from entmtp.evaluation._validation import (
     EncodedPrompt,
@@ -162,3 +163,35 @@ def test_side_by_side_runs_each_prompt_in_a_balanced_order():
         assert [name for name, _, _ in ran] == ["abc"[m] for m in orders[p % len(orders)]]
         assert all(first == 100 + p and count == 5 for _, first, count in ran)
     assert [len(run.results) for run in runs] == [8, 8, 8]
+
+
+def test_a_method_that_decodes_as_another_shares_its_runs_and_is_never_run():
+    calls: list[str] = []
+
+    def method(name: str, same_as: str | None = None) -> Method:
+        def run(ids, max_new_tokens):
+            calls.append(name)
+            return SimpleNamespace(tokens=[ids[0]] * max_new_tokens, prefill_ms=1.0,
+                                   decode_ms=float(len(calls)))
+        return Method(name, run, same_as=same_as)
+
+    methods = [method("a"), method("b"), method("b-again", same_as="b"), method("c")]
+    prompts = [EncodedPrompt(index=p, prompt_id=str(p), ids=[100 + p]) for p in range(4)]
+    runs = run_side_by_side(methods, prompts, max_new_tokens=3)
+    assert "b-again" not in calls and len(calls) == 3 + 3 * 4  # warm-ups, then 3 per prompt
+    orders = carryover_balanced_orders(3)  # the design of the measured methods only
+    for p in range(4):
+        assert calls[3 + 3 * p: 6 + 3 * p] == ["abc"[m] for m in orders[p % len(orders)]]
+    assert runs[2].name == "b-again" and runs[2].results == runs[1].results
+    assert [r.tokens[0] for r in runs[2].results] == [100, 101, 102, 103]
+
+
+@pytest.mark.parametrize("same_as", ["missing", "b-again"])
+def test_sharing_the_runs_of_no_measured_method_is_one_line(same_as):
+    methods = [Method("a", lambda ids, n: None), Method("b-again", lambda ids, n: None,
+                                                        same_as="a"),
+               Method("c", lambda ids, n: None, same_as=same_as)]
+    with pytest.raises(EntmtpError, match=r"^method c shares the runs of .*, which is not a "
+                                          r"measured method of the same run$"):
+        run_side_by_side(methods, [EncodedPrompt(index=0, prompt_id="0", ids=[1])],
+                         max_new_tokens=1)

@@ -324,3 +324,26 @@ def test_fused_empty_step_refuses_heads_or_trees_it_cannot_fuse(rt, setup):
     state, _ = decoder.prefill(PROMPTS[0], lambda logits: int(logits.argmax()))
     with pytest.raises(EntmtpError, match="empty tree"):
         decoder.fused_empty_step(state, decoder.plan(Tree.from_paths([[0]])), greedy, 3)
+
+
+@pytest.mark.parametrize("signal", ["base_entropy", DRAFT_ENTROPY])
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_a_one_tree_bundle_runs_exactly_the_static_path(setup, signal, head_type):
+    """The same step objects, in the same order, as the tree under a static scheduler, and no
+    entropy read: a bundle that ships its best static tree costs nothing more per step."""
+    model, _ = setup
+    heads = new_heads(model, head_type=head_type, num_heads=NUM_HEADS)
+    tree = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    engine = decoder.static_engine
+    ran: list[object] = []
+    run = engine.run
+    engine.run = lambda step, past_len: ran.append(step) or run(step, past_len)
+    outputs = []
+    for scheduler in (StaticScheduler(tree),
+                      BundleScheduler(Schedule((tree,), (), EntropyEstimator.last(), signal))):
+        ran.clear()
+        result = decoder.generate(torch.tensor(PROMPTS[0]), scheduler, max_new_tokens=24)
+        outputs.append((result.tokens, list(ran)))
+        assert all(step.base_entropy is False and step.prepare_depth == 0 for step in ran)
+    assert outputs[0] == outputs[1]
