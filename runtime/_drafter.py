@@ -214,7 +214,7 @@ _DRAFTERS: dict[str, type[Drafter]] = {"medusa": MedusaDrafter, "hydra": HydraDr
 
 
 def TreeDrafter(heads: torch.nn.Module) -> Drafter:  # noqa: N802 (the proposer's public name)
-    """The drafter of ``heads`` (calibrate's ``DraftHeads``): Medusa or Hydra by their type."""
+    """The drafter of ``heads`` (``entmtp.model.DraftHeads``): Medusa or Hydra by their type."""
     head_type = getattr(heads, "head_type", None)
     if head_type not in _DRAFTERS:
         raise EntmtpError(
@@ -226,7 +226,7 @@ def TreeDrafter(heads: torch.nn.Module) -> Drafter:  # noqa: N802 (the proposer'
 def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:
     """Logits [depth, V] of heads 1..depth at ``hidden`` [1, hidden_size].
 
-    With a shared vocabulary projection (calibrate's heads expose ``head_features`` and
+    With a shared vocabulary projection (the model layer's heads expose ``head_features`` and
     ``projection_weight``) all heads go through one 2-D matmul, so the large vocabulary matrix
     is read once per step; otherwise ``all_head_logits`` or one ``head_logits`` call per head.
     """
