@@ -1,4 +1,5 @@
-"""`entmtp export`: a bundle in the entmtp, Medusa, TensorRT-LLM or vLLM format."""
+"""`entmtp export`: a bundle in the entmtp, Medusa, TensorRT-LLM or vLLM format, or the draft
+length per batch size that vLLM and TensorRT-LLM read."""
 
 from __future__ import annotations
 
@@ -7,12 +8,27 @@ from pathlib import Path
 import typer
 
 from entmtp.calibrate import RunDir
-from entmtp.core import EntmtpError
-from entmtp.treesearch import EXPORT_FORMATS, LatencyModel, Profile, export_bundle, load_bundle
+from entmtp.core import EntmtpError, atomic_write_text
+from entmtp.treesearch import (
+    BATCH_SCHEDULE_FORMATS,
+    EXPORT_FORMATS,
+    BatchLatency,
+    LatencyModel,
+    Profile,
+    best_chain_by_batch,
+    export_bundle,
+    load_bundle,
+    trtllm_draft_len_schedule,
+    vllm_batch_schedule,
+)
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
 from ._typer_app import app
+
+# the draft length per batch size of a serving runtime: format -> runtime
+BATCH_FORMATS = {f"{runtime}-batch": runtime for runtime in BATCH_SCHEDULE_FORMATS}
+_BATCH_WRITERS = {"vllm": vllm_batch_schedule, "trtllm": trtllm_draft_len_schedule}
 
 
 def resolve_bundle_path(source: Path) -> Path:
@@ -41,8 +57,11 @@ def _run_profile(source: Path, profile: Path | None) -> Path | None:
 def export_command(
     source: Path = typer.Argument(..., help="A run folder or a bundle.json."),
     fmt: str = typer.Option(
-        "entmtp", "--format", help=f"One of: {', '.join(EXPORT_FORMATS)}. vllm is the tree "
-        "of vLLM <= 0.20.2; vllm-chain the best chain (num_speculative_tokens) for later vLLM."
+        "entmtp", "--format", help=f"One of: {', '.join([*EXPORT_FORMATS, *BATCH_FORMATS])}. "
+        "vllm is the tree of vLLM <= 0.20.2; vllm-chain the best chain (num_speculative_tokens) "
+        "for later vLLM; vllm-batch and trtllm-batch the best chain length per batch size "
+        "(vLLM num_speculative_tokens_per_batch_size, TensorRT-LLM draft_len_schedule) from "
+        "--latency."
     ),
     out: Path = typer.Option(..., "--out", help="File to write (atomically)."),
     tree_index: int | None = typer.Option(
@@ -59,8 +78,13 @@ def export_command(
         ">= 10, TensorRT-LLM: >= 16) on the run's profile, same node count, instead of failing.",
     ),
     profile: Path | None = typer.Option(
-        None, "--profile", help="The bundle's profile.npz (vllm-chain, --refit-ranks) when "
-        "SOURCE is a bundle file; a run folder's own is used otherwise."
+        None, "--profile", help="The bundle's profile.npz (vllm-chain, the -batch formats, "
+        "--refit-ranks) when SOURCE is a bundle file; a run folder's own is used otherwise."
+    ),
+    latency: Path | None = typer.Option(
+        None, "--latency", help="vllm-batch / trtllm-batch: a latency file with step times at "
+        "several batch sizes (entmtp latency --import STEP_TIMES.csv); default: the run "
+        "folder's latency.json."
     ),
     force: bool = FORCE_OPTION,
 ) -> None:
@@ -71,6 +95,9 @@ def export_command(
     bundle_path = resolve_bundle_path(source)
     bundle = load_bundle(bundle_path)
     profile_path = _run_profile(source, profile)
+    if fmt in BATCH_FORMATS:
+        _export_batch_schedule(source, bundle.heads.type, fmt, profile_path, latency, out, force)
+        return
     needs_profile = fmt == "vllm-chain" or refit_ranks
     if needs_profile and profile_path is None:
         what = "vllm-chain searches the best chain" if fmt == "vllm-chain" else (
@@ -80,13 +107,14 @@ def export_command(
             "(with profile.npz) or --profile PROFILE.npz"
         )
     run_profile = Profile.load(profile_path) if needs_profile and profile_path else None
-    latency = None
+    chain_latency = None
     if fmt == "vllm-chain" and bundle.latency is None and source.is_dir():
         if RunDir(source).latency.exists():
-            latency = LatencyModel.load(RunDir(source).latency)
+            chain_latency = LatencyModel.load(RunDir(source).latency)
     result = export_bundle(
         bundle, fmt, out, tree_index=tree_index, largest_regular_subtree=largest_regular_subtree,
-        refit=refit_ranks, profile=run_profile, latency=latency, bundle_name=str(bundle_path),
+        refit=refit_ranks, profile=run_profile, latency=chain_latency,
+        bundle_name=str(bundle_path),
     )
     if result.header is None:
         typer.echo(f"wrote {result.path}")
@@ -99,3 +127,28 @@ def export_command(
             typer.echo(f"  {note}")
     for warning in result.warnings:
         typer.echo(f"entmtp: warning: {warning}", err=True)
+
+
+def _export_batch_schedule(source: Path, head_type: str, fmt: str, profile: Path | None,
+                           latency: Path | None, out: Path, force: bool) -> None:
+    """The best chain length per batch size as ``fmt``'s runtime reads it, written to ``out``."""
+    if profile is None:
+        raise EntmtpError(f"{fmt} searches the best chain per batch size on the bundle's "
+                          f"profile, which {source} does not hold: give the run folder (with "
+                          "profile.npz) or --profile PROFILE.npz")
+    if latency is None and source.is_dir() and RunDir(source).latency.exists():
+        latency = RunDir(source).latency
+    if latency is None:
+        raise EntmtpError(f"{fmt} needs step times at several batch sizes: give --latency FILE "
+                          "(entmtp latency --import STEP_TIMES.csv makes one)")
+    by_batch = BatchLatency.load(latency)
+    if len(by_batch) < 2:
+        raise EntmtpError(f"{latency} times batch size {by_batch.batch_sizes[0]} only: a batch "
+                          "schedule needs step times at several batch sizes (entmtp latency "
+                          "--import STEP_TIMES.csv)")
+    choices = best_chain_by_batch(Profile.load(profile), by_batch)
+    schedule = _BATCH_WRITERS[BATCH_FORMATS[fmt]](choices, head_type, source=str(profile))
+    path = atomic_write_text(out, schedule.yaml_text(), replace_read_only=force)
+    typer.echo(f"wrote {path}")
+    for line in schedule.header:
+        typer.echo(f"  {line}")

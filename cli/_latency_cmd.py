@@ -26,7 +26,13 @@ from entmtp.core import (
     hardware_label,
 )
 from entmtp.evaluation import measure_latency
-from entmtp.treesearch import MAX_TREE_NODES, LatencyModel, load_bundle
+from entmtp.treesearch import (
+    MAX_TREE_NODES,
+    BatchLatency,
+    LatencyModel,
+    import_step_times,
+    load_bundle,
+)
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -45,6 +51,12 @@ from ._model_setup import (
 from ._plots import check_plots
 from ._progress import ConsoleReporter, warn
 from ._typer_app import app
+
+MEDUSA_TREE_NODES = 63  # the tree of the Medusa paper, marked on latency plots
+# The fix for an imported file's failed checks: its times come from its own runtime.
+IMPORT_HINT = ("the step times are the CSV's: time the steps again in their runtime, on a quiet "
+               "machine, with each measurement's repeats as lines of their own (4 or more give "
+               "a spread)")
 
 
 # -- option parsing --------------------------------------------------------------------------
@@ -101,13 +113,14 @@ def spread_line(model: LatencyModel) -> str:
 # -- the plot ---------------------------------------------------------------------------------
 def plot_latency_curves(
     models: Mapping[str, LatencyModel], path: str | os.PathLike, *, title: str | None = None,
-    mark_nodes: int = 63,
+    mark_nodes: int | None = MEDUSA_TREE_NODES,
 ) -> Path:
     """Step time vs tree size for several latency models in one figure.
 
     Left: ms per step (log scale, so a 20 ms GPU and a 500 ms CPU share an axis); right: the
     same divided by the step without a tree, which shows the shape that decides how large a tree
-    pays. Synthetic models are labelled as such. ``mark_nodes`` draws Medusa's 63-node tree.
+    pays. Synthetic models are labelled as such. ``mark_nodes`` draws Medusa's 63-node tree
+    (None: no mark, and the axis ends at the largest measured tree).
     """
     import numpy as np
 
@@ -118,7 +131,8 @@ def plot_latency_curves(
     plt = _pyplot()
     fig, (absolute, relative) = plt.subplots(1, 2, figsize=(12, 4.8))
     measured = [m for m in models.values() if not _is_synthetic(m)] or list(models.values())
-    top = max(max(model.nodes[-1] for model in measured), mark_nodes + 1)
+    top = max(max(model.nodes[-1] for model in measured),
+              mark_nodes + 1 if mark_nodes is not None else 0)
     for name, model in models.items():
         label = curve_label(name, model)
         # each curve only over the sizes it was measured at: no extrapolated tails
@@ -134,17 +148,35 @@ def plot_latency_curves(
         absolute.scatter(knots, knot_ms, s=14, color=line.get_color(), zorder=3)
         relative.scatter(knots, knot_ms / base, s=14, color=line.get_color(), zorder=3)
     for ax in (absolute, relative):
-        ax.axvline(mark_nodes, color="0.5", linestyle=":", linewidth=1)
+        if mark_nodes is not None:
+            ax.axvline(mark_nodes, color="0.5", linestyle=":", linewidth=1)
         ax.set_xlabel("draft tree nodes (tokens verified = nodes + 1)")
         ax.grid(alpha=0.3)
-    absolute.text(mark_nodes, absolute.get_ylim()[1], f" {mark_nodes}-node tree", fontsize=7,
-                  va="top", color="0.4")
+    if mark_nodes is not None:
+        absolute.text(mark_nodes, absolute.get_ylim()[1], f" {mark_nodes}-node tree",
+                      fontsize=7, va="top", color="0.4")
     absolute.set_yscale("log")
     absolute.set_ylabel("ms per draft + verify step (depth term excluded)")
     relative.set_ylabel("step time / step time without a tree")
     relative.legend(fontsize=8, loc="best")
     fig.suptitle(title or "Verification latency vs tree size")
     return _save(fig, path)
+
+
+def batch_mark(models: Mapping[str, LatencyModel]) -> int | None:
+    """The 63-node mark of a plot of batch curves: drawn where a curve reaches it (imported
+    chains of a few tokens would otherwise sit in the axis's first tenth)."""
+    reach = max(model.nodes[-1] for model in models.values())
+    return MEDUSA_TREE_NODES if reach >= MEDUSA_TREE_NODES else None
+
+
+def batch_curves(label: str, latency: BatchLatency, *, alone: bool) -> dict[str, LatencyModel]:
+    """The curves of one file: its model under ``label`` (batch size 1 alone), else one per
+    batch size, "batch 8" (``alone``: the only file drawn) or "LABEL, batch 8"."""
+    if not latency.batched:
+        return {label: latency[1]}
+    return {(f"batch {size}" if alone else f"{label}, batch {size}"): model
+            for size, model in latency.items()}
 
 
 def _plot_models(measured: Mapping[str, LatencyModel], compare: list[Path]) -> dict:
@@ -204,13 +236,44 @@ def latency(
                                      "(.png, .pdf or .svg)."),
     compare: list[Path] = typer.Option([], "--compare", help="Latency JSON to draw next to it "
                                        "(repeatable; default: a synthetic counterpart)."),
+    import_csv: Path | None = typer.Option(
+        None, "--import", help="Time nothing here: turn step times measured in another runtime "
+        "(vLLM, TensorRT-LLM, SGLang benchmarks) into a latency file with a batch axis. A CSV "
+        "whose header line names the columns batch_size (or batch), nodes (or draft_len / "
+        "draft_length: a chain's draft length), context (or context_len / context_length) and "
+        "ms (or step_ms), e.g. the header batch_size,nodes,context,ms; other columns are "
+        "ignored, lines starting with # too. One line per measured step; nodes 0 is the plain "
+        "step, which every batch size needs; lines of one batch size, nodes and context are "
+        "repeats of one measurement (their mean is its time)."),
+    device_name: str | None = typer.Option(None, "--device-name", help="With --import: the "
+                                           "hardware and runtime the steps were timed on, e.g. "
+                                           "'H100, vLLM 0.11' (default: the CSV's name)."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Measure verification latency vs tree size on this machine's CPU or GPU.
 
     Example (on a GPU machine, no weight files needed):
     entmtp latency --random-weights --dtype bf16 --device cuda --out h200.json
+
+    Example (step times from another runtime): entmtp latency --import vllm.csv --out vllm.json
     """
+    measuring = {"--model": model, "--heads": heads, "--draft-vocab-size": draft_vocab_size,
+                 "--node-counts": node_counts, "--depths": depths,
+                 "--context-lengths": context_lengths, "--repeats": repeats, "--warmup": warmup,
+                 "--threads": threads, "--remeasure": remeasure, "--max-seconds": max_seconds,
+                 "--random-weights": random_weights or None}
+    if import_csv is not None:
+        given = [name for name, value in measuring.items() if value is not None]
+        if given:
+            raise EntmtpError(f"--import reads step times timed elsewhere, so {given[0]} (which "
+                              "sets up timing on this machine) does not apply: give one or the "
+                              "other")
+        _import_latency(import_csv, out=out, plot=plot, compare=list(compare), strict=strict,
+                        device_name=device_name)
+        return
+    if device_name is not None:
+        raise EntmtpError("--device-name names the hardware of --import's step times: give it "
+                          "with --import (a measured file records this machine's)")
     deadline = deadline_after(max_seconds)
     console = Console()
     check_engine(engine)
@@ -262,6 +325,47 @@ def latency(
         console.print(f"wrote {plot}")
 
 
+def _import_latency(source: Path, *, out: Path, plot: Path | None, compare: list[Path],
+                    strict: bool, device_name: str | None) -> None:
+    """`entmtp latency --import`: read, check and write; nothing written on a refusal."""
+    console = Console()
+    check_outputs(out)
+    check_plots(plot)
+    for path in compare:  # read now: a bad one must not fail after --out is written
+        LatencyModel.load(path)
+    imported = import_step_times(source, device_name=device_name)
+    failed = [(size, warning) for size, model in imported.items() for warning in model.warnings]
+    if failed and strict:
+        raise EntmtpError(f"{source} at batch size {failed[0][0]} fails {len(failed)} latency "
+                          f"check(s) (--strict): {failed[0][1]}; {IMPORT_HINT}")
+    for size, warning in failed:
+        warn(f"{source} at batch size {size}: {warning}")
+    if failed:
+        warn(f"{source}: {IMPORT_HINT}")
+    with all_or_none():  # --out and --plot, or neither
+        imported.save(out)
+        if plot is not None:
+            label = default_label(imported[imported.batch_sizes[0]], source.stem)
+            models = batch_curves(label, imported, alone=not compare)
+            for path in compare:
+                other = LatencyModel.load(path)
+                models[default_label(other, path.stem)] = other
+            plot_latency_curves(models, plot, title=f"Verification latency vs tree size: {label}",
+                                mark_nodes=batch_mark(models))
+    hw = imported[imported.batch_sizes[0]].hardware
+    console.print(f"{hw['device_name']}: {hw['lines']} measured steps, batch sizes "
+                  f"{', '.join(map(str, imported.batch_sizes))}, contexts "
+                  f"{', '.join(map(str, hw['context_lengths']))}")
+    for size, model in imported.items():
+        largest = model.nodes[-1]
+        console.print(f"batch {size}: plain step {model.autoregressive_ms:.2f} ms, "
+                      f"{model.step_ms(largest, 0):.2f} ms at {largest} nodes "
+                      f"({', '.join(map(str, model.nodes[1:]))} nodes timed)")
+    console.print(f"wrote {out}")
+    if plot is not None:
+        console.print(f"wrote {plot}")
+
+
 @app.command("plot-latency")
 @user_errors
 def plot_latency(
@@ -273,17 +377,23 @@ def plot_latency(
 ) -> None:
     """Draw several latency models (e.g. a CPU and a GPU one) in one figure."""
     check_plots(out)
-    models = {}
+    models: dict[str, LatencyModel] = {}
+    titles = []
     for path in files:
-        model = LatencyModel.load(path)
-        label = default_label(model, path.stem)
-        if label in models:  # two files of one description still get a curve each
+        latency = BatchLatency.load(path)
+        label = default_label(latency[latency.batch_sizes[0]], path.stem)
+        if label in titles or label in models:  # two files of one description: a curve each
             label = f"{label} ({path.name})"
-        models[label] = model
+        titles.append(label)
+        models.update(batch_curves(label, latency, alone=len(files) == 1 and not synthetic_gpu))
     if synthetic_gpu:
         gpu = LatencyModel.gpu_like()
         models[default_label(gpu, "")] = gpu
-    plot_latency_curves(models, out)
+    if len(files) == 1 and len(models) > 1 and not synthetic_gpu:  # one file's batch sizes
+        plot_latency_curves(models, out, title=f"Verification latency vs tree size: {titles[0]}",
+                            mark_nodes=batch_mark(models))
+    else:
+        plot_latency_curves(models, out)
     typer.echo(f"wrote {out}")
 
 

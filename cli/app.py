@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     _heads_cmd,
     _latency_cmd,
     _pareto,
+    _selftest,
     _validate,
 )
 from ._typer_app import app

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._measure import load_for_latency, measure_latency
     from ._paired import paired_ratio_interval
     from ._prediction import DRIFT_LIMIT, OracleBound, PredictionCheck, check_prediction
+    from ._selftest import run_selftest
     from ._trajectory_profile import (
         check_heads_fit,
         profile_meta,
@@ -105,6 +106,7 @@ _LAYER_API = [
     "profile_per_head_set",
     "ratio",
     "run_record",
+    "run_selftest",
     "runtime_report",
     "speculative_method",
     "speedup_interval",
@@ -140,6 +142,7 @@ _LAZY = {
     "._measure": ("load_for_latency", "measure_latency"),
     "._paired": ("paired_ratio_interval",),
     "._prediction": ("DRIFT_LIMIT", "OracleBound", "PredictionCheck", "check_prediction"),
+    "._selftest": ("run_selftest",),
     "._trajectory_profile": (
         "check_heads_fit",
         "profile_meta",

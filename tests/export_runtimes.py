@@ -8,6 +8,7 @@ export the runtime accepts means the same tree.
 from __future__ import annotations
 
 import ast
+import bisect
 import json
 import math
 
@@ -183,3 +184,90 @@ def vllm_medusa_chain_reads(config: dict, num_heads: int) -> Paths:
     if n > num_heads:
         raise RuntimeRefusal(f"{n} lookahead tokens but {num_heads} heads' weights")
     return {(0,) * d for d in range(1, n + 1)}
+
+
+# -- batch-size schedules ------------------------------------------------------------------------
+# vLLM 0.24.0 proposers that assert the scheduled K equals the configured count
+# (vllm/v1/spec_decode/{medusa,suffix_decoding,ngram_proposer_gpu,extract_hidden_states}.py).
+VLLM_0_24_0_FIXED_K_METHODS = {"medusa", "suffix", "ngram_gpu", "extract_hidden_states"}
+
+
+def vllm_batch_schedule_reads(config: dict, max_num_seqs: int) -> list[int]:
+    """The K vLLM drafts at each batch size 1..``max_num_seqs`` (index 0 unused).
+
+    vllm/v1/spec_decode/dynamic/utils.py (the same file in 0.24.0 and 0.34.0):
+    validate_and_normalize_dynamic_sd_schedule then build_dynamic_sd_schedule_lookup, as the
+    scheduler calls it with ``max_num_seqs`` and ``num_speculative_tokens``.
+    """
+    unknown = set(config) - {"method", "model", "num_speculative_tokens",
+                             "num_speculative_tokens_per_batch_size"}
+    if unknown:
+        raise RuntimeRefusal(f"Unexpected keyword argument {sorted(unknown)}")
+    k_max = config["num_speculative_tokens"]
+    if not isinstance(k_max, int) or k_max <= 0:  # Field(gt=0), and the lookup's own check
+        raise RuntimeRefusal("num_speculative_tokens must be > 0")
+    schedule = config["num_speculative_tokens_per_batch_size"]
+    if not isinstance(schedule, list) or not schedule:
+        raise RuntimeRefusal("must be a non-empty list")
+    parsed = []
+    for entry in schedule:
+        if not isinstance(entry, list | tuple) or len(entry) != 3:
+            raise RuntimeRefusal("each entry must be a 3-item sequence")
+        start, end, k = (int(v) for v in entry)
+        if start <= 0 or end <= 0 or start > end or k < 0:
+            raise RuntimeRefusal(f"bad entry {entry}")
+        parsed.append((start, end, k))
+    parsed.sort(key=lambda e: e[0])
+    previous_end = 0
+    for start, end, _ in parsed:
+        if start <= previous_end:
+            raise RuntimeRefusal("Batch-size ranges must be non-overlapping and sorted.")
+        previous_end = end
+    if parsed[0][0] != 1:
+        raise RuntimeRefusal("The first batch-size range must start at 1")
+    dense = [0] * (max_num_seqs + 1)
+    next_size, last_k = 1, None
+    for start, end, k in parsed:
+        if start > next_size and last_k is not None:
+            for b in range(next_size, min(start, max_num_seqs + 1)):
+                dense[b] = min(k_max, last_k)
+        for b in range(max(start, next_size), min(end, max_num_seqs) + 1):
+            dense[b] = min(k_max, k)
+        next_size, last_k = max(next_size, end + 1), k
+        if next_size > max_num_seqs:
+            break
+    for b in range(next_size, max_num_seqs + 1):
+        dense[b] = min(k_max, last_k)
+    return dense
+
+
+def trtllm_draft_len_reads(spec_config: dict, batch_size: int) -> int:
+    """The draft length TensorRT-LLM uses at ``batch_size``: llm_args.py DecodingBaseConfig's
+    draft_len_schedule validator, then _torch/speculative/utils.py get_draft_len_for_batch_size
+    (main after PR #10860: the first key >= batch_size by bisect_left, 0 past the last key)."""
+    schedule = spec_config["draft_len_schedule"]
+    max_draft_len = spec_config.get("max_draft_len")
+    if spec_config.get("max_concurrency") is not None:
+        raise RuntimeRefusal("max_concurrency and draft_len_schedule are mutually exclusive")
+    for key, length in schedule.items():
+        if not isinstance(key, int) or key < 1:
+            raise RuntimeRefusal(f"batch size threshold must be >= 1, got {key!r}")
+        if length < 0:
+            raise RuntimeRefusal(f"draft length must be >= 0, got {length}")
+    if max_draft_len is not None:
+        if schedule[min(schedule)] != max_draft_len:
+            raise RuntimeRefusal("the smallest key's length must equal max_draft_len")
+        if any(length > max_draft_len for length in schedule.values()):
+            raise RuntimeRefusal("all draft lengths must be <= max_draft_len")
+    keys = sorted(schedule)
+    index = bisect.bisect_left(keys, batch_size)
+    return schedule[keys[index]] if index < len(keys) else 0
+
+
+def trtllm_stage1_draft_len_reads(schedule: dict, batch_size: int) -> int:
+    """The stage-1 reading of PR #8194 (drafter.py get_draft_len_for_batch_size by
+    bisect_right): the largest key <= batch_size, key 1 required."""
+    if 1 not in schedule:
+        raise RuntimeRefusal("draft_len_schedule must include batch_size=1")
+    keys = sorted(schedule)
+    return schedule[keys[bisect.bisect_right(keys, batch_size) - 1]]

@@ -6,6 +6,13 @@ Layer 2 of 7. Depends on core.
 """
 
 from ._acceptance import AcceptanceTable, expected_accept_length
+from ._batch_exports import (
+    BATCH_SCHEDULE_FORMATS,
+    best_chain_by_batch,
+    trtllm_draft_len_schedule,
+    vllm_batch_schedule,
+)
+from ._batch_latency import BatchLatency, import_step_times
 from ._bundle import Bundle, load_bundle, save_bundle
 from ._estimator import EntropyEstimator
 from ._exports import EXPORT_FORMATS, export_bundle
@@ -47,7 +54,7 @@ __all__ = [
     "pareto_front",
     "TreeCandidate",
     "LatencyModel",
-    "LatencyPoint",
+    "BatchLatency",
     "replay",
     "oracle_replay",
     "ReplayResult",
@@ -65,6 +72,12 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "BATCH_SCHEDULE_FORMATS",
+    "LatencyPoint",
+    "best_chain_by_batch",
+    "import_step_times",
+    "trtllm_draft_len_schedule",
+    "vllm_batch_schedule",
     "AcceptanceTable",
     "BASE_ENTROPY",
     "DRAFT_ENTROPY",

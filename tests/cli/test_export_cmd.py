@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
-from entmtp.treesearch import LatencyModel, Profile, load_bundle, save_bundle
+from entmtp.treesearch import BatchLatency, LatencyModel, Profile, load_bundle, save_bundle
 from entmtp.treesearch._chain import best_chain
 
 runner = CliRunner()
@@ -74,3 +74,56 @@ def test_a_profile_of_other_heads_is_refused(demo_run, tmp_path):
                                  "--out", str(tmp_path / "c.json")])
     assert result.exit_code == 2 and "3 heads" in result.output
     assert not (tmp_path / "c.json").exists()
+
+
+def batch_latency_file(path):
+    """Batch 1 where a chain pays (flat GPU-like curve), batch 64 where every drafted node
+    costs a whole plain step (drafting never pays)."""
+    flat = LatencyModel.gpu_like()
+    steep = LatencyModel((0, 1, 4, 8), (40.0, 80.0, 200.0, 360.0), autoregressive_ms=40.0)
+    return BatchLatency({1: flat, 64: steep}).save(path)
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "trtllm"])
+def test_batch_schedules_are_the_best_chain_per_batch_size(demo_run, tmp_path, runtime):
+    bundle = load_bundle(demo_run / "bundle.json")
+    hydra = save_bundle(dataclasses.replace(bundle, heads=dataclasses.replace(
+        bundle.heads, type="hydra")), tmp_path / "hydra.json")
+    latency = batch_latency_file(tmp_path / "batched.json")
+    profile = demo_run / "profile.npz"
+    out = tmp_path / "schedule.yaml"
+    result = runner.invoke(app, ["export", str(hydra), "--format", f"{runtime}-batch",
+                                 "--profile", str(profile), "--latency", str(latency),
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    best = best_chain(Profile.load(profile), LatencyModel.gpu_like()).length
+    assert best >= 1
+    config = yaml.safe_load(out.read_text())
+    if runtime == "vllm":
+        settings = config["speculative-config"]
+        assert settings["num_speculative_tokens"] == best
+        assert settings["num_speculative_tokens_per_batch_size"] == [[1, 1, best], [2, 64, 0]]
+    else:
+        settings = next(iter(config.values()))
+        assert settings["draft_len_schedule"] == {1: best, 64: 0}
+        assert settings["max_draft_len"] == best
+    assert out.read_text().startswith("# ")
+
+
+def test_medusa_heads_get_no_batch_schedule_and_one_batch_size_is_refused(demo_run, tmp_path):
+    bundle = load_bundle(demo_run / "bundle.json")
+    medusa = save_bundle(dataclasses.replace(bundle, heads=dataclasses.replace(
+        bundle.heads, type="medusa")), tmp_path / "medusa.json")
+    out = tmp_path / "schedule.yaml"
+    common = ["--profile", str(demo_run / "profile.npz"), "--out", str(out)]
+    result = runner.invoke(app, ["export", str(medusa), "--format", "vllm-batch", "--latency",
+                                 str(batch_latency_file(tmp_path / "b.json")), *common])
+    assert result.exit_code == 2 and "--format vllm-chain" in result.output
+    one = LatencyModel.gpu_like().save(tmp_path / "one.json")
+    result = runner.invoke(app, ["export", str(demo_run / "bundle.json"), "--format",
+                                 "trtllm-batch", "--latency", str(one), *common])
+    assert result.exit_code == 2 and "several batch sizes" in result.output
+    result = runner.invoke(app, ["export", str(demo_run / "bundle.json"), "--format",
+                                 "vllm-batch", "--out", str(out)])
+    assert result.exit_code == 2 and "--profile PROFILE.npz" in result.output
+    assert not out.exists()

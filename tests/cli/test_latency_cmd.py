@@ -607,3 +607,138 @@ def test_retarget_of_a_damaged_profile_names_it_and_leaves_out_alone(cpu_run, gp
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     else:
         assert not out.exists()
+
+
+# -- entmtp latency --import and the batch axis in plot-latency --------------------------------
+STEP_TIMES = {  # (batch size, nodes, context) -> repeated step times, ms
+    (1, 0, 128): [10.0, 12.0], (1, 0, 512): [14.0],
+    (1, 3, 128): [13.0], (1, 3, 512): [15.0, 17.0, 19.5],  # mean 17.17, median 17
+    (1, 7, 128): [18.0], (1, 7, 512): [20.0],
+    (8, 0, 128): [20.0], (8, 0, 512): [22.0],
+    (8, 3, 128): [30.0, 31.0], (8, 3, 512): [33.0],
+    (32, 0, 128): [50.0], (32, 0, 512): [56.0],
+    (32, 7, 128): [120.0], (32, 7, 512): [130.0],
+}
+
+
+def _step_time_csv(path, times=STEP_TIMES, header="batch_size,nodes,context,ms"):
+    lines = [header] + [f"{b},{n},{c},{ms}" for (b, n, c), repeats in times.items()
+                        for ms in repeats]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _import(tmp_path, csv, *extra):
+    return runner.invoke(app, ["latency", "--import", str(csv), "--out",
+                               str(tmp_path / "imported.json"), *extra])
+
+
+def test_latency_import_writes_the_csv_means_per_batch_size(tmp_path):
+    from entmtp.treesearch._batch_latency import BatchLatency
+
+    csv = _step_time_csv(tmp_path / "vllm.csv")
+    result = _import(tmp_path, csv, "--device-name", "H100, vLLM")
+    assert result.exit_code == 0, result.output
+    assert "batch 8: plain step 21.00 ms" in result.output
+    latency = BatchLatency.load(tmp_path / "imported.json")
+    assert latency.batch_sizes == (1, 8, 32)
+    for size, model in latency.items():
+        contexts = sorted({c for b, _, c in STEP_TIMES if b == size})
+        for nodes in {n for b, n, _ in STEP_TIMES if b == size}:
+            means = [sum(STEP_TIMES[size, nodes, c]) / len(STEP_TIMES[size, nodes, c])
+                     for c in contexts]
+            assert model.step_ms(nodes, 2) == pytest.approx(sum(means) / len(means))
+        plain = [sum(STEP_TIMES[size, 0, c]) / len(STEP_TIMES[size, 0, c]) for c in contexts]
+        assert model.autoregressive_ms == pytest.approx(sum(plain) / len(plain))
+        assert model.hardware["kind"] == "imported"
+        assert model.hardware["source"] == str(csv)
+        assert model.hardware["device_name"] == "H100, vLLM"
+    # a one-model reader (calibrate --latency, retarget) takes the batch-1 model
+    assert LatencyModel.load(tmp_path / "imported.json") == latency[1]
+
+
+def test_latency_import_takes_a_chain_draft_length_column(tmp_path):
+    from entmtp.treesearch._batch_latency import BatchLatency
+
+    csv = _step_time_csv(tmp_path / "trtllm.csv", header="batch,draft_len,context_len,step_ms")
+    result = _import(tmp_path, csv)
+    assert result.exit_code == 0, result.output
+    latency = BatchLatency.load(tmp_path / "imported.json")
+    assert latency[32].step_ms(7, 7) == pytest.approx(125.0)
+    assert latency[32].hardware["node_column"] == "draft_len"
+
+
+def _without(key):
+    return {k: v for k, v in STEP_TIMES.items() if k != key}
+
+
+BAD_STEP_TIMES = {
+    "missing column": ("batch_size,nodes,ms\n1,0,10\n", "no context column"),
+    "non-number": ("batch_size,nodes,context,ms\n1,0,128,fast\n", "line 2: ms 'fast'"),
+    "negative ms": ("batch_size,nodes,context,ms\n1,0,128,10\n1,3,128,-12\n",
+                    "line 3: ms -12 is negative"),
+    "no plain step": (_without((8, 0, 128)) | {(8, 0, 512): []}, "batch size 8 has no plain"),
+    "other contexts": (_without((8, 3, 512)), "batch size 8, nodes 3: timed at contexts 128"),
+    "short line": ("batch_size,nodes,context,ms\n1,0,128\n", "line 2: 3 values"),
+    "fractional batch": ("batch_size,nodes,context,ms\n1.5,0,128,10\n", "line 2: batch_size"),
+    "header only": ("batch_size,nodes,context,ms\n", "a header and no measured step"),
+    "empty": ("", "no lines"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STEP_TIMES))
+def test_latency_import_of_a_bad_csv_is_one_line_and_writes_nothing(tmp_path, case):
+    content, mention = BAD_STEP_TIMES[case]
+    csv = tmp_path / "steps.csv"
+    if isinstance(content, dict):
+        _step_time_csv(csv, content)
+    else:
+        csv.write_text(content)
+    result = _import(tmp_path, csv, "--plot", str(tmp_path / "curves.png"))
+    message = _one_line_error(result)
+    assert mention in message and str(csv) in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
+
+
+@pytest.mark.parametrize("options", [["--node-counts", "0,1"], ["--random-weights"],
+                                     ["--model", "x"], ["--repeats", "4"]])
+def test_latency_import_with_a_timing_option_is_one_line(tmp_path, options):
+    csv = _step_time_csv(tmp_path / "steps.csv")
+    message = _one_line_error(_import(tmp_path, csv, *options))
+    assert "--import" in message and options[0] in message
+    assert not (tmp_path / "imported.json").exists()
+
+
+def test_latency_import_strict_refuses_failed_checks_and_writes_nothing(tmp_path):
+    csv = _step_time_csv(tmp_path / "steps.csv")  # one line per point: no spread measured
+    result = _import(tmp_path, csv)
+    assert result.exit_code == 0 and "only 1 round(s) per point" in result.output
+    (tmp_path / "imported.json").unlink()
+    message = _one_line_error(_import(tmp_path, csv, "--strict"))
+    assert "--strict" in message and "time the steps again in their runtime" in message
+    assert not (tmp_path / "imported.json").exists()
+
+
+def test_plot_latency_draws_one_curve_per_batch_size(tmp_path, monkeypatch):
+    csv = _step_time_csv(tmp_path / "steps.csv")
+    result = _import(tmp_path, csv, "--device-name", "GPU Y", "--plot",
+                     str(tmp_path / "imported.png"))
+    assert result.exit_code == 0, result.output
+    assert _png_size(tmp_path / "imported.png")[0] > 400
+    out = tmp_path / "batches.png"
+    result = runner.invoke(app, ["plot-latency", str(tmp_path / "imported.json"), "--out",
+                                 str(out)])
+    assert result.exit_code == 0, result.output
+    assert _png_size(out)[0] > 400
+    drawn = {}
+    monkeypatch.setattr(_latency_cmd, "plot_latency_curves",
+                        lambda models, path, **options: drawn.update(models=models, **options))
+    runner.invoke(app, ["plot-latency", str(tmp_path / "imported.json"), "--out", str(out)])
+    assert list(drawn["models"]) == ["batch 1", "batch 8", "batch 32"]
+    assert "GPU Y" in drawn["title"] and drawn["mark_nodes"] is None  # 7 nodes: no 63 mark
+    cpu = tmp_path / "cpu.json"
+    LatencyModel.cpu_like().save(cpu)
+    runner.invoke(app, ["plot-latency", str(tmp_path / "imported.json"), str(cpu), "--out",
+                        str(out)])
+    assert list(drawn["models"])[:3] == ["GPU Y, batch 1", "GPU Y, batch 8", "GPU Y, batch 32"]
+    assert len(drawn["models"]) == 4
