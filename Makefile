@@ -24,6 +24,7 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+	$(VENV)/bin/entmtp selftest --device cpu
 
 lint: install
 	$(VENV)/bin/ruff check .
