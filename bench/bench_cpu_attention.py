@@ -67,7 +67,7 @@ def tree_runs(engine, steps: dict[str, object], context: int, vocab: int) -> dic
 
     def run_of(step) -> Run:
         def run() -> tuple[float, torch.Tensor]:
-            elapsed = engine.timed_run(step, context)
+            elapsed = engine.timed_run(step, context).host_ms
             return elapsed, engine.cache[:, :, :, context:context + step.cache_width].clone()
         return run
 

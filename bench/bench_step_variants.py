@@ -83,7 +83,7 @@ def main() -> None:
                 engine.restore_state(state)
                 slots = slice(args.context, args.context + step.cache_width)
                 kept = engine.cache[:, :, :, slots].clone()
-                elapsed = engine.timed_run(step, args.context)
+                elapsed = engine.timed_run(step, args.context).host_ms
                 engine.cache[:, :, :, slots] = kept
                 if round_index >= 2:
                     times[names[position]].append(elapsed)

@@ -21,7 +21,13 @@ dtype (evaluation/_departures.py: a near-tie of the top two logits, or not). The
 captured forward of one token (at most 1.25x), and a 64-node tree's whole step over the bare
 captured forward of its 65 tokens (drafting and bookkeeping at most 15% of it), both over the
 same static cache; and autoregressive tokens/s with graphs at least 4x the eager runtime's (an
-autoregressive step makes one token, so that is eager step ms over graph step ms). Last, the
+autoregressive step makes one token, so that is eager step ms over graph step ms). The step and
+the bare forward are timed by the host clock (the step as decoding runs it, launch to readback)
+and on CUDA also between two CUDA events around the replay (``StaticEngine.timed_run``): for a
+~1 ms step the host's launch and readback overhead alone could decide a ratio, so the step /
+bare forward targets judge the CUDA-event ratio where there is one, and each verdict names the
+clock it judged. A capture that fails is reported (the step then runs without graphs) and never
+ends the run. Last, the
 bare forward of 1, 17, 65 and 129 tokens with each way of reading grouped key/value heads
 (``StaticLlama.grouped_kv``), captured, in interleaved rounds: the runtime's way against the
 others on this device. Writes ``static_check.json`` under ``--out`` (default ``$OUT`` or the
@@ -63,6 +69,18 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 TOPK = 10
+
+
+def synced_ms() -> float:
+    """Host ms now, after the queued device work (earlier work stays out of a timed run)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter() * 1000.0
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0].strip() if lines else type(error).__name__
 
 
 def build(device: str, dtype: torch.dtype, tiny: bool):
@@ -151,7 +169,8 @@ class BareForward:
     """The floor a step is measured against: the model's forward of ``q`` tokens over a static
     cache of ``capacity`` slots (attention over the whole cache under a mask, as the graph
     runtime's steps), logits included, captured as one CUDA graph on CUDA. No drafting,
-    acceptance, compaction or readback."""
+    acceptance, compaction or readback. A capture that fails leaves it eager, with the first
+    error line in ``capture_error`` (a ratio to it then means nothing)."""
 
     def __init__(self, model, q: int, capacity: int, graphs: bool,
                  grouped_kv: str | None = None) -> None:
@@ -173,30 +192,66 @@ class BareForward:
             return net.logits(hidden)
 
         self.run = forward
+        self.capture_error: str | None = None
         if graphs:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.inference_mode(), torch.cuda.stream(side):
-                for _ in range(2):
-                    forward()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph):
-                forward()
-            self.run = graph.replay
+            try:
+                self.run = self._captured(forward, device)
+            except Exception as error:  # the check goes on; the row says why
+                self.capture_error = first_line(error)
+                torch.cuda.synchronize(device)
+                print(f"CUDA graph capture of the bare forward of {q} tokens failed: "
+                      f"{self.capture_error}; it runs without graphs")
 
-    @torch.inference_mode()
+    @staticmethod
+    def _captured(forward, device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.inference_mode(), torch.cuda.stream(side):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            forward()
+        return graph.replay
+
     def ms(self, repeats: int) -> float:
         """Median wall ms of one forward over ``repeats`` timed ones (each synchronized)."""
-        sync = torch.cuda.synchronize if self.cache.device.type == "cuda" else (lambda: None)
-        times = []
+        return self.timings(repeats)[0]
+
+    @torch.inference_mode()
+    def timings(self, repeats: int) -> tuple[float, float | None]:
+        """Median ms of one forward over ``repeats`` timed ones by the host clock (each
+        synchronized) and, on CUDA, between two CUDA events around it (else None)."""
+        on_cuda = self.cache.device.type == "cuda"
+        sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+            if on_cuda else None
+        host, device = [], []
         for _ in range(repeats):
             sync()
             start = time.perf_counter()
+            if events is not None:
+                events[0].record()
             self.run()
+            if events is not None:
+                events[1].record()
             sync()
-            times.append((time.perf_counter() - start) * 1000.0)
-        return statistics.median(times)
+            host.append((time.perf_counter() - start) * 1000.0)
+            if events is not None:
+                device.append(events[0].elapsed_time(events[1]))
+        return statistics.median(host), statistics.median(device) if device else None
+
+
+def step_timings(static, step, repeats: int) -> tuple[float, float | None]:
+    """Median ms of ``repeats`` runs of ``step`` (after one untimed) from the engine's state
+    (``StaticEngine.timed_run``, which restores it): launch to readback by the host clock, and
+    on CUDA between the CUDA events around the replay (else None)."""
+    past = int(static.past_len)
+    runs = [static.timed_run(step, past, synced_ms) for _ in range(repeats + 1)][1:]
+    device = [r.device_ms for r in runs if r.device_ms is not None]
+    return (statistics.median(r.host_ms for r in runs),
+            statistics.median(device) if device else None)
 
 
 def grouped_kv_ways(model, capacity: int, graphs: bool, rounds: int,
@@ -235,15 +290,28 @@ def step_ms(results) -> float:
     return statistics.fmean(r.decode_ms / max(r.steps, 1) for r in results)
 
 
+HOST, EVENTS = "host clock", "CUDA events"
+
+
 @dataclass(frozen=True)
 class StepTarget:
-    """One target for an arm's row: its ``key`` at most or at least ``bound``."""
+    """One target for an arm's row: its ``key`` (``event_key`` where the row has that
+    measured) at most or at least ``bound``."""
 
     arm: str
-    key: str  # the row's field it checks
+    key: str  # the row's field it checks: the host clock's figure
     bound: float
     at_most: bool  # True: value <= bound; False: value >= bound
     what: str
+    event_key: str | None = None  # the same figure by CUDA events, judged instead when measured
+
+    def judged(self, row: dict) -> tuple[str, str]:
+        """The row's field this target judges and its clock: ``event_key`` where it holds a
+        finite value, else ``key``."""
+        value = row.get(self.event_key) if self.event_key is not None else None
+        if value is not None and math.isfinite(value):
+            return self.event_key, EVENTS
+        return self.key, HOST
 
     def passes(self, value: float | None) -> bool | None:
         """PASS / MISS; None when the value was not measured."""
@@ -252,30 +320,35 @@ class StepTarget:
         return value <= self.bound if self.at_most else value >= self.bound
 
 
+STEP_EVENTS = "step_over_bare_forward_events"
 TARGETS = (
     StepTarget("autoregressive", "step_over_bare_forward", 1.25, True,
-               "graph step / bare captured forward"),
+               "graph step / bare captured forward", STEP_EVENTS),
     StepTarget("medusa 64 nodes", "step_over_bare_forward", 1.15, True,
-               "graph step / bare captured forward"),
+               "graph step / bare captured forward", STEP_EVENTS),
     StepTarget("hydra 64 nodes", "step_over_bare_forward", 1.15, True,
-               "graph step / bare captured forward"),
+               "graph step / bare captured forward", STEP_EVENTS),
     StepTarget("autoregressive", "speedup", 4.0, False,
                "tokens/s with graphs / eager (eager step ms / graph step ms)"),
 )
 
 
 def judge_targets(rows: Sequence[dict]) -> dict[str, dict[str, dict]]:
-    """By arm, then by the row's field: its value, its bound and PASS / MISS (None: not
-    measured), for the arms among ``rows`` that have targets."""
+    """By arm, then by the target's field (``key``): the value judged, the field it came from
+    and its clock (the CUDA-event figure where measured, else the host clock's), the bound and
+    PASS / MISS (None: not measured), for the arms among ``rows`` that have targets."""
     by_arm = {row["arm"]: row for row in rows}
     judged: dict[str, dict[str, dict]] = {}
     for target in TARGETS:
         if target.arm not in by_arm:
             continue
-        value = by_arm[target.arm].get(target.key)
+        row = by_arm[target.arm]
+        field, clock = target.judged(row)
+        value = row.get(field)
         judged.setdefault(target.arm, {})[target.key] = {
             "value": value, "at_most" if target.at_most else "at_least": target.bound,
-            "what": target.what, "pass": target.passes(value)}
+            "what": target.what, "judged": field, "clock": clock,
+            "pass": target.passes(value)}
     return judged
 
 
@@ -288,7 +361,8 @@ def target_lines(judged: dict[str, dict[str, dict]]) -> list[str]:
                      else f"at least {verdict['at_least']}")
             value = "-" if verdict["value"] is None else f"{verdict['value']:.3f}"
             shown = {True: "PASS", False: "MISS", None: "n/a"}[verdict["pass"]]
-            lines.append(f"target {arm}: {verdict['what']} {value} ({bound}) {shown}")
+            clock = f" by {EVENTS}" if verdict.get("clock") == EVENTS else ""
+            lines.append(f"target {arm}: {verdict['what']}{clock} {value} ({bound}) {shown}")
     return lines
 
 
@@ -348,9 +422,10 @@ def main() -> None:
                             for g, p in zip(graphed, plain, strict=True))
         departures = [check_departure(model, prompt, g.tokens, want)
                       for prompt, g, want in zip(prompts, graphed, plain_greedy, strict=True)]
+        graphed_engine = runners["static", True].static
         captures = [
             {"step": c.step, "capture_ms": c.capture_ms, "memory_bytes": c.memory_bytes}
-            for c in runners["static", True].static.capture_log]
+            for c in graphed_engine.capture_log]
         timings = {"eager": [], "static": []}
         for round_index in range(args.rounds):
             order = ("eager", "static") if round_index % 2 == 0 else ("static", "eager")
@@ -368,21 +443,37 @@ def main() -> None:
             "mean_accept_length": statistics.fmean(r.mean_accept_length for r in graphed),
             "trees_used": sorted({s.tree_index for r in graphed for s in r.step_log}),
             "captures": captures,
+            "graph_memory_bytes": graphed_engine.graph_memory_bytes,  # the engine's graph pool
+            "capture_failures": [{"step": f.step, "error": f.error}
+                                 for f in graphed_engine.capture_failures],
             "eager_step_ms": statistics.median(timings["eager"]),
             "static_graph_step_ms": statistics.median(timings["static"]),
         }
         row["speedup"] = row["eager_step_ms"] / row["static_graph_step_ms"]
-        static = runners["static", True].static
+        static = graphed_engine
         tree = None if arm_heads is None else runners["static", True].make().trees[0]
         q = 1 if tree is None else tree.num_nodes + 1
         if tree is None or name.endswith("64 nodes"):
+            repeats = max(20, 10 * args.rounds)
             bare = BareForward(model, q, static.capacity, graphs=static.graphs)
             row["bare_forward_q"] = q
-            row["bare_forward_ms"] = bare.ms(max(20, 10 * args.rounds))
-            row["step_over_bare_forward"] = row["static_graph_step_ms"] / row["bare_forward_ms"]
+            row["bare_forward_ms"], row["bare_forward_event_ms"] = bare.timings(repeats)
+            row["bare_forward_capture_error"] = bare.capture_error
+            step = static.tree_step(Tree.from_paths([]) if tree is None else tree)
+            row["graph_step_timed_ms"], row["graph_step_event_ms"] = step_timings(static, step,
+                                                                                  repeats)
+            # against an uncaptured forward a ratio means nothing: not measured
+            captured = bare.capture_error is None
+            row["step_over_bare_forward"] = (row["static_graph_step_ms"] / row["bare_forward_ms"]
+                                             if captured else None)
+            row[STEP_EVENTS] = (row["graph_step_event_ms"] / row["bare_forward_event_ms"]
+                                if captured and row["graph_step_event_ms"] is not None
+                                and row["bare_forward_event_ms"] else None)
+            shown = {key: "-" if row[key] is None else f"{row[key]:.3f}"
+                     for key in ("step_over_bare_forward", STEP_EVENTS)}
             print(f"{'':26s} bare forward of {q} tokens over {static.capacity} slots "
-                  f"{row['bare_forward_ms']:.2f} ms: "
-                  f"step / bare {row['step_over_bare_forward']:.3f}")
+                  f"{row['bare_forward_ms']:.2f} ms: step / bare {shown['step_over_bare_forward']}"
+                  f" by the host clock, {shown[STEP_EVENTS]} by {EVENTS}")
         report["arms"].append(row)
         longest = max(longest, time.perf_counter() - arm_start)
         write_report(report, out)  # after every arm: a run stopped later keeps these
@@ -391,7 +482,8 @@ def main() -> None:
               f"graphs {row['static_graph_step_ms']:8.2f} ms  x{row['speedup']:.2f}  "
               f"captures {len(captures)} "
               f"({sum(c['capture_ms'] for c in captures):.0f} ms, "
-              f"{sum(c['memory_bytes'] for c in captures) / 2**20:.0f} MiB)")
+              f"{row['graph_memory_bytes'] / 2**20:.0f} MiB pool)"
+              + (f", {len(row['capture_failures'])} failed" if row["capture_failures"] else ""))
     ways_capacity = max(len(p) for p in prompts) + args.new_tokens + 160
     if args.budget_s and time.perf_counter() - started + longest > args.budget_s:
         print("grouped key/value ways: skipped (the budget would be exceeded)")

@@ -489,7 +489,7 @@ def bench(
     }
     captures = capture_line(report["runtime"])
     if captures is not None:
-        console.print(f"[dim]{captures}[/dim]")
+        console.print(f"[dim]{escape(captures)}[/dim]")
     with all_or_none():  # --json and --plot, or neither
         write_json(json_path, report, console)
         if plot is not None:

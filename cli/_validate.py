@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from entmtp.evaluation import (
@@ -189,7 +190,7 @@ def validate(
     console.print(verdict)
     captures = capture_line(report["runtime"])
     if captures is not None:
-        console.print(f"[dim]{captures}[/dim]")
+        console.print(f"[dim]{escape(captures)}[/dim]")
     if check_replay:
         console.print(
             f"replay check: {report['steps_equal']}/{report['steps_compared']} steps equal "

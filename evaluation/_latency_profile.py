@@ -10,7 +10,10 @@ same context. Trees per node budget: a chain-like one (as deep as the heads allo
 
 **Static engine** (``engine="auto"`` on a Llama-family model, or ``"static"``): the engine's own
 step objects (runtime/_static_step.py), timed by ``StaticEngine.timed_run`` from launch to the
-step's one readback, CUDA graphs replayed when on (captured before timing starts). What each
+step's one readback, CUDA graphs replayed when on (captured before timing starts). The model is
+fitted to that host-clock time, what a decoding step pays; on CUDA the run's time between two
+CUDA events (the replay alone, no launch or readback overhead) is kept beside it, as
+``hardware["cuda_event_points"]`` (one point per timed point, the same statistics). What each
 field of the model holds, and what the replay (treesearch/_replay.py) charges with it:
 
 - ``verify_ms`` (and ``depth_ms``): ``TreeStep(tree, base_entropy=True)``, a base-entropy
@@ -115,6 +118,10 @@ EAGER_BOOKING = (
     "plain step (DecodingState.plain_step, as eager autoregressive decoding); prepare_ms = the "
     "heads run before a draft-entropy choice; fused_empty_ms = the empty step whose projection "
     "also prepares the next")
+# Which clock the fitted figures read (the model's ``hardware["clock"]``).
+CLOCK = ("host clock, launch to readback (what a decoding step pays): every fitted figure; "
+         "cuda_event_points, on CUDA only: CUDA events around the same runs, kept beside")
+EAGER_CLOCK = "host clock, launch to the step's results on the host: every fitted figure"
 
 
 def trimmed_mean(times: Sequence[float], trim: float = TRIM) -> float:
@@ -321,6 +328,9 @@ class _StepTimer:
         prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
         self.steps = fixed_context_steps(self.decoder, trees, prompt, contexts, clock=self.clock)
         self.order = torch.Generator().manual_seed(seed + 1)  # of the keys in each round
+        # CUDA-event ms of the timed rounds' runs (static engine on CUDA), beside the host ms
+        self.device_times: dict[_Key, list[float]] = {}
+        self._timed_round = False
         self.keys: list[_Key] = []
         for length in contexts:
             self.keys += [("tree", i, length) for i in range(len(trees))]
@@ -343,9 +353,11 @@ class _StepTimer:
         would end past it, judged by the longest round so far; returns the times and whether
         it stopped early."""
         times: dict[_Key, list[float]] = {key: [] for key in keys}
+        self.device_times.update({key: [] for key in keys})
         longest = 0.0
         for round_index in range(warmup + repeats):
             started = wall_clock()
+            self._timed_round = round_index >= warmup
             for position in torch.randperm(len(keys), generator=self.order).tolist():
                 key = keys[position]
                 elapsed = self.time(key)
@@ -361,7 +373,17 @@ class _StepTimer:
         return times, False
 
     def time(self, key: _Key) -> float:
-        return self.steps.time(key)
+        """Host ms of one step at ``key``, the figure the model fits; the same run's CUDA-event
+        ms (where there is one) goes to ``device_times``."""
+        host_ms, device_ms = self.steps.timing(key)
+        if device_ms is not None and self._timed_round:
+            self.device_times.setdefault(key, []).append(device_ms)
+        return host_ms
+
+    def event_points(self) -> list[dict[str, Any]]:
+        """The points of ``device_times`` as the model's points (``LatencyPoint.to_json``)."""
+        return [_point(self, key, self.device_times[key]).to_json() for key in self.keys
+                if self.device_times.get(key)]
 
     @property
     def pads(self) -> bool:
@@ -394,7 +416,10 @@ class _StepTimer:
 
     def describe(self) -> dict[str, Any]:
         """What was timed, for the model's ``hardware`` record."""
-        return {"runtime_note": self.decoder.runtime_note, **self.steps.describe()}
+        events = self.event_points()
+        return {"runtime_note": self.decoder.runtime_note, **self.steps.describe(),
+                "clock": CLOCK if self.pads else EAGER_CLOCK,
+                **({"cuda_event_points": events} if events else {})}
 
 
 def fixed_context_steps(
@@ -486,16 +511,22 @@ class _StaticSteps:
             return self.autoregressive
         return self.prepare[index] if kind == "prepare" else self.fused[index]
 
-    @torch.inference_mode()
     def time(self, key: _Key) -> float:
+        """Host ms of one step at ``key`` (``timing``'s first figure)."""
+        return self.timing(key)[0]
+
+    @torch.inference_mode()
+    def timing(self, key: _Key) -> tuple[float, float | None]:
+        """Host ms of one step at ``key``, launch to readback, and on CUDA its ms between two
+        CUDA events (``StaticEngine.timed_run``; None elsewhere)."""
         engine, length = self.engine, key[2]
         step = self.step(key)
         engine.restore_state(self.states[length])
         slots = slice(length, length + step.cache_width)
         kept = engine.cache[:, :, :, slots].clone()  # a longer context's prompt sits there
-        elapsed = engine.timed_run(step, length, self.clock.now)
+        timed = engine.timed_run(step, length, self.clock.now)
         engine.cache[:, :, :, slots] = kept
-        return elapsed
+        return timed.host_ms, timed.device_ms
 
     def describe(self) -> dict[str, Any]:
         engine = self.engine
@@ -506,7 +537,9 @@ class _StaticSteps:
             "cache_capacity": engine.capacity,
             "graph_captures": len(log),
             "capture_ms": sum(r.capture_ms for r in log),
-            "capture_memory_bytes": sum(r.memory_bytes for r in log),
+            "capture_memory_bytes": engine.graph_memory_bytes,  # the graph pool's growth
+            **({"capture_failures": [f.line for f in engine.capture_failures]}
+               if engine.capture_failures else {}),
             "booking": STATIC_BOOKING,
         }
 
@@ -527,6 +560,10 @@ class _EagerSteps:
         for length in contexts:
             state, _ = decoder.prefill(prompt[:length], greedy_choice)
             self.states[length] = (state, (state.past_len, state.pending, state.hidden))
+
+    def timing(self, key: _Key) -> tuple[float, None]:
+        """Host ms of one step at ``key``; no device time (no CUDA events on this runtime)."""
+        return self.time(key), None
 
     def time(self, key: _Key) -> float:
         step, index, length = key

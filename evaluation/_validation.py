@@ -225,36 +225,50 @@ def autoregressive_method(model, *, eos: Sequence[int], engine: str = "auto",
 def runtime_report(decoders: Sequence[Any], model, *, engine: str, graphs: bool
                    ) -> dict[str, Any]:
     """The runtime the rows ran on: ``engine`` / ``graphs`` as given, the decoders' one-line
-    note, and every CUDA graph capture (time, memory growth) of their static engines and of the
-    autoregressive one."""
+    note, every CUDA graph capture (time, memory growth) of their static engines and of the
+    autoregressive one, and every capture that failed (its step ran without graphs).
+    ``capture_memory_bytes`` is the engines' graph pools' growth (one pool per engine)."""
     from entmtp.runtime import autoregressive_static_engine
 
     notes = list(dict.fromkeys(d.runtime_note for d in decoders))
     engines = [("autoregressive", autoregressive_static_engine(model, engine=engine,
                                                                 graphs=graphs))]
     engines += [(f"decoder {i}", d.static_engine) for i, d in enumerate(decoders)]
+    engines = [(name, static) for name, static in engines if static is not None]
     captures = [{"runtime": name, "step": r.step, "capture_ms": r.capture_ms,
                  "memory_bytes": r.memory_bytes}
-                for name, static in engines if static is not None for r in static.capture_log]
+                for name, static in engines for r in static.capture_log]
+    failures = [{"runtime": name, "step": f.step, "error": f.error}
+                for name, static in engines for f in static.capture_failures]
     return {
         "engine": engine,
         "graphs": graphs,
         "runtime_note": notes[0] if len(notes) == 1 else notes,
         "graph_captures": len(captures),
         "capture_ms": sum(c["capture_ms"] for c in captures),
-        "capture_memory_bytes": sum(c["memory_bytes"] for c in captures),
+        "capture_memory_bytes": sum(static.graph_memory_bytes for _, static in engines),
         "captures": captures,
+        "capture_failures": failures,
     }
 
 
 def capture_line(runtime: dict[str, Any]) -> str | None:
-    """One line on a ``runtime_report``'s CUDA graph captures; None when nothing was captured."""
+    """One line on a ``runtime_report``'s CUDA graph captures and the captures that failed;
+    None when there were neither."""
     count = runtime["graph_captures"]
-    if not count:
-        return None
-    return (f"captured {count} CUDA graph{'s' if count != 1 else ''} in "
-            f"{runtime['capture_ms']:.0f} ms, {runtime['capture_memory_bytes'] / 2**20:.1f} MiB "
-            "of graph memory")
+    failures = runtime.get("capture_failures", [])
+    parts = []
+    if count:
+        parts.append(f"captured {count} CUDA graph{'s' if count != 1 else ''} in "
+                     f"{runtime['capture_ms']:.0f} ms, "
+                     f"{runtime['capture_memory_bytes'] / 2**20:.1f} MiB of graph memory")
+    if failures:
+        many = len(failures) != 1
+        parts.append(f"{len(failures)} capture{'s' if many else ''} failed, "
+                     f"{'those steps run' if many else 'that step runs'} without graphs "
+                     "(--no-graphs skips capture): "
+                     + ", ".join(f"{f['runtime']} {f['step']} ({f['error']})" for f in failures))
+    return "; ".join(parts) if parts else None
 
 
 def tree_info(tree: Tree) -> dict[str, Any]:

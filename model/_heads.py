@@ -71,6 +71,10 @@ class DraftHeads(nn.Module):
     """Base class of the draft heads; see the module docstring for the semantics."""
 
     head_type: str = ""
+    # Set (on the instance) while a CUDA graph captures a step that reads these heads: a rebuild
+    # of the draft rows then would be recorded, not run, leaving rows never computed, so it
+    # raises instead.
+    draft_rows_frozen: bool = False
 
     def __init__(
         self,
@@ -178,6 +182,12 @@ class DraftHeads(nn.Module):
         key = (*_tensor_key(weight), *_tensor_key(bias), *_tensor_key(self.draft_vocab))
         cached = self._draft_rows.get(slot)
         if cached is None or cached[0] != key:
+            if self.draft_rows_frozen:
+                raise EntmtpError(
+                    f"head {depth}'s draft-vocabulary rows would be rebuilt inside a CUDA graph "
+                    "capture (the projection weight changed since they were copied), which "
+                    "records rows that are never computed: call heads.refresh_draft_rows() "
+                    "before capturing")
             vocab = self.draft_vocab.to(weight.device)
             with torch.no_grad():
                 rows = (weight.detach()[vocab].contiguous(),
@@ -185,6 +195,14 @@ class DraftHeads(nn.Module):
             cached = (key, rows)
             self._draft_rows[slot] = cached
         return cached[1]
+
+    def refresh_draft_rows(self) -> None:
+        """Copy every projection's draft-vocabulary rows now where its weight changed since
+        (nothing without a draft vocabulary): before a CUDA graph capture, so that none is
+        rebuilt inside one."""
+        if self.draft_vocab is not None:
+            for depth in range(1, self.num_heads + 1):
+                self.draft_projection_weight(depth)
 
     def draft_token_ids(self, columns: Tensor) -> Tensor:
         """Token ids of ``head_logits`` columns (any shape, int64)."""

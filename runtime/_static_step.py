@@ -33,6 +33,18 @@ attention then reads the whole static cache under a mask that blocks the unfille
 CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
 cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
 
+**Captures.** All captures of an engine share one side stream and one graph memory pool (as
+vLLM and SGLang capture theirs), so graph memory is about the largest step's, not the sum of
+every step's: a step's outputs and the state live in buffers allocated outside the pool, and
+steps replay one at a time on one stream, so one step's intermediates may reuse another's. A
+reallocated cache makes every graph stale: they are dropped together, and the next captures
+share a new pool. A capture's memory is the growth of the allocator's reserved memory with the
+cache emptied before and after, i.e. the pool's growth. The heads' draft-vocabulary rows are
+refreshed before a capture, and a rebuild inside one raises (it would record rows that are never
+computed). A capture that fails never ends the run: the state is restored, one line says which
+step failed and why (``capture_failures`` keeps it), and that step runs without graphs from
+then on, never captured again.
+
 **Padded widths.** A CPU matmul's time may depend on the row count's alignment (a kernel
 can run 16 rows faster than 12), so a tree may be cheaper to verify at the width of a larger
 one. ``padded_nodes`` (the latency model's table: node count -> the node count it is verified
@@ -49,8 +61,10 @@ padded.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,7 +91,28 @@ class CaptureRecord:
 
     step: str  # which step: "tree q=<nodes+1> depth=<d>" or "prepare"
     capture_ms: float  # warm-up + capture wall time
-    memory_bytes: int  # growth of the CUDA caching allocator's reserved memory
+    memory_bytes: int  # growth of the reserved memory, cache emptied before and after: the pool's
+
+
+@dataclass(frozen=True)
+class CaptureFailure:
+    """A step whose CUDA graph capture failed; it runs without graphs from then on."""
+
+    step: str  # the step's name, as ``CaptureRecord.step``
+    error: str  # the first line of the first error the capture raised
+
+    @property
+    def line(self) -> str:
+        return (f"CUDA graph capture of {self.step} failed: {self.error}; this step runs "
+                "without graphs (--no-graphs skips capture)")
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One timed run of a step (``StaticEngine.timed_run``)."""
+
+    host_ms: float  # host clock, launch to readback: what a decoding step pays
+    device_ms: float | None  # CUDA events around the run (the replay); None off CUDA
 
 
 @dataclass(frozen=True)
@@ -151,6 +186,12 @@ class StaticEngine:
         self._steps_by_id: dict[tuple, tuple[Tree, TreeStep]] = {}  # the same, by id(tree)
         self._prepare_steps: dict[int, PrepareStep] = {}
         self.capture_log: list[CaptureRecord] = []
+        self.capture_failures: list[CaptureFailure] = []
+        self.graph_memory_bytes = 0  # the current graph pool's growth over its captures
+        self.timing_events = self.device.type == "cuda"  # timed_run also reads CUDA events
+        self._pool: tuple[int, int] | None = None  # graph pool handle of the current buffers
+        self._stream: torch.cuda.Stream | None = None  # the side stream of every capture
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     # -- buffers ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -159,11 +200,11 @@ class StaticEngine:
         if capacity <= self.capacity:
             return
         capacity = -(-capacity // CAPACITY_QUANTUM) * CAPACITY_QUANTUM
+        self._drop_graphs()
         self.cache = None  # free the old cache before allocating the new one
         self.cache = self.net.new_cache(capacity)
         self.columns = torch.arange(capacity, device=self.device)
         self.capacity = capacity
-        self.generation += 1
 
     def reserve_prepared(self) -> None:
         """The buffer of the heads' first results: one row per Medusa head (a schedule whose
@@ -176,8 +217,17 @@ class StaticEngine:
         dtype = heads.projection_weight(1)[0].dtype if hasattr(heads, "projection_weight") \
             else self.dtype
         columns = getattr(heads, "draft_vocab_size", heads.vocab_size)
+        self._drop_graphs()
         self.prepared = torch.zeros(rows, columns, dtype=dtype, device=self.device)
+
+    def _drop_graphs(self) -> None:
+        """A buffer the graphs captured the address of is reallocated: every graph is stale.
+        Dropped together, they free their pool; the next captures share a new one."""
         self.generation += 1
+        for step in [*self._steps.values(), *self._prepare_steps.values()]:
+            step.graph = None
+        self._pool = None
+        self.graph_memory_bytes = 0
 
     def state_tensors(self) -> list[torch.Tensor]:
         tensors = [self.pending, self.hidden, self.past_len]
@@ -245,6 +295,7 @@ class StaticEngine:
             steps.append(self.prepare_step(options.prepare_depth))
         self.capture(steps)
 
+    @torch.inference_mode()
     def capture(self, steps: Iterable[TreeStep | PrepareStep]) -> None:
         """With graphs, capture each of ``steps`` now that is not captured for the current
         buffers (nothing otherwise), so that no later run pays a capture. A capture's warm-up
@@ -285,52 +336,105 @@ class StaticEngine:
 
     @torch.inference_mode()
     def run(self, step: TreeStep | PrepareStep, past_len: int) -> None:
-        """Run ``step`` at host-known ``past_len`` (replaying its graph when graphs are on)."""
-        if not self.graphs:
+        """Run ``step`` at host-known ``past_len`` (replaying its graph when graphs are on and
+        its capture did not fail)."""
+        graph = self._ensure_graph(step) if self.graphs else None
+        if graph is None:
             step.body(past_len)
-            return
-        self._ensure_graph(step).replay()
+        else:
+            graph.replay()
 
     @torch.inference_mode()
     def timed_run(self, step: TreeStep | PrepareStep, past_len: int,
-                  clock: Callable[[], float] | None = None) -> float:
-        """Milliseconds of one run of ``step`` from the current state, launch to readback as
-        decoding runs it; the state is restored afterwards, so a profiler can time every tree at
-        one fixed context (the step writes cache slots at or after ``past_len`` only: a caller
-        that keeps other data there restores it). ``clock``: ms now (default: the host's
-        ``perf_counter``; a clock that waits for queued device work keeps earlier work out of
-        the step's time). Capture the step first (``capture``), or its first run includes the
-        capture."""
+                  clock: Callable[[], float] | None = None) -> StepTiming:
+        """One run of ``step`` from the current state, launch to readback as decoding runs it
+        by ``clock``, and on CUDA the run (the replay) alone between two CUDA events; the state
+        is restored afterwards, so a profiler can time every tree at one fixed context (the
+        step writes cache slots at or after ``past_len`` only: a caller that keeps other data
+        there restores it). ``clock``: ms now (default: the host's ``perf_counter``; a clock
+        that waits for queued device work keeps earlier work out of the step's time). Capture
+        the step first (``capture``), or its first run includes the capture."""
         clock = clock if clock is not None else _host_ms
         saved = self.save_state()
+        events = self._timing_events() if self.timing_events else None
         start = clock()
+        if events is not None:
+            events[0].record()
         self.run(step, past_len)
+        if events is not None:
+            events[1].record()
         step.readback()
-        elapsed = clock() - start
+        host_ms = clock() - start
+        device_ms = None
+        if events is not None:
+            events[1].synchronize()
+            device_ms = float(events[0].elapsed_time(events[1]))
         self.restore_state(saved)
-        return elapsed
+        return StepTiming(host_ms, device_ms)
 
-    def _ensure_graph(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
+    def _timing_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        if self._events is None:
+            self._events = (torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True))
+        return self._events
+
+    def _ensure_graph(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph | None:
+        """The step's graph for the current buffers, captured now if it has none; None once a
+        capture of the step failed (it then runs without graphs, never captured again)."""
+        if step.capture_error is not None:
+            return None
         if step.graph is None or step.graph_generation != self.generation:
             step.graph = None
             step.graph = self._capture(step)
             step.graph_generation = self.generation
         return step.graph
 
-    def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph:
-        """Warm up ``step`` on a side stream, restoring the state after each run, then capture
-        (PyTorch's documented recipe: static inputs, allocations from the graph's own pool, no
-        host sync inside)."""
-        torch.cuda.synchronize()
-        reserved = torch.cuda.memory_reserved(self.device)
+    def _capture(self, step: TreeStep | PrepareStep) -> torch.cuda.CUDAGraph | None:
+        """Warm up and capture ``step`` (``_record``), timing it and measuring the pool's growth;
+        the state buffers are restored whatever happens. A failure is kept in
+        ``capture_failures``, printed as one line and marks the step (None: no graph)."""
+        self._refresh_heads()
+        reserved = self._reserved_memory()
         start = time.perf_counter()
         original = self.save_state()
+        errors: list[BaseException] = []
+        graph = None
+        try:
+            graph = self._record(step, errors)
+        except Exception as error:  # whatever failed, the step runs without graphs instead
+            if not errors:
+                errors.append(error)
+        finally:
+            self.restore_state(original)
+            torch.cuda.synchronize(self.device)
+        if graph is None:
+            failure = CaptureFailure(step.name, _first_line(errors[0]))
+            step.capture_error = failure.error
+            self.capture_failures.append(failure)
+            print(failure.line, file=sys.stderr, flush=True)
+            return None
+        grown = self._reserved_memory() - reserved
+        self.graph_memory_bytes += grown
+        self.capture_log.append(CaptureRecord(step.name, (time.perf_counter() - start) * 1000.0,
+                                              grown))
+        return graph
+
+    def _record(self, step: TreeStep | PrepareStep, errors: list[BaseException]
+                ) -> torch.cuda.CUDAGraph:
+        """Warm up ``step`` on the engine's side stream, restoring the state after each run,
+        then capture it there into the engine's graph pool (PyTorch's documented recipe: static
+        inputs, no host sync inside). An error of the step's body goes to ``errors`` first: the
+        capture context's exit then raises its own, second error."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        side = self._stream
         # The warm-up runs from the live state unless its past length (left by an earlier
         # generation, whose cache the next prefill overwrites) leaves no room for the step's
         # cache writes. Mid-generation the reserve always leaves that room.
         self.past_len.clamp_(max=self.capacity - step.cache_width)
         warm = self.save_state()
-        side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(GRAPH_WARMUP_RUNS):
@@ -338,15 +442,38 @@ class StaticEngine:
                 self.restore_state(warm)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step.body(None)
-        self.restore_state(original)
-        torch.cuda.synchronize()
-        self.capture_log.append(CaptureRecord(
-            step.name, (time.perf_counter() - start) * 1000.0,
-            torch.cuda.memory_reserved(self.device) - reserved,
-        ))
+        with self._heads_frozen(), torch.cuda.graph(graph, pool=self._pool, stream=side):
+            try:
+                step.body(None)
+            except Exception as error:
+                errors.append(error)
+                raise
         return graph
+
+    def _reserved_memory(self) -> int:
+        """The allocator's reserved memory with its unused cached blocks released (a graph's
+        pool keeps its own), so that two readings differ by what stayed allocated."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_reserved(self.device))
+
+    def _refresh_heads(self) -> None:
+        refresh = getattr(getattr(self.drafter, "heads", None), "refresh_draft_rows", None)
+        if refresh is not None:
+            refresh()
+
+    @contextmanager
+    def _heads_frozen(self) -> Iterator[None]:
+        """The heads refuse to rebuild their draft rows inside (a capture records, not runs)."""
+        heads = getattr(self.drafter, "heads", None)
+        freezes = hasattr(heads, "draft_rows_frozen")
+        if freezes:
+            heads.draft_rows_frozen = True
+        try:
+            yield
+        finally:
+            if freezes:
+                heads.draft_rows_frozen = False
 
 
 class TreeStep:
@@ -389,6 +516,7 @@ class TreeStep:
                                                                     path_width + 1, device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
+        self.capture_error: str | None = None  # why its capture failed: it runs without graphs
 
     def readback(self) -> StepReadback:
         """The host's one read of the step's outputs (the only sync of a step)."""
@@ -512,6 +640,7 @@ class PrepareStep:
         self.out_floats = torch.zeros(1, dtype=torch.float32, device=engine.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
+        self.capture_error: str | None = None  # why its capture failed: it runs without graphs
 
     def body(self, past_len: int | None) -> None:
         _prepare_into(self.engine, self.max_depth, self.out_floats)
@@ -559,6 +688,11 @@ def _read(buffer: torch.Tensor, num_ints: int, num_floats: int) -> tuple[list[in
 
 def _host_ms() -> float:
     return time.perf_counter() * 1000.0
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0].strip() if lines else type(error).__name__
 
 
 def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tensor) -> None:

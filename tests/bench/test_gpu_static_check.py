@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from entmtp.model import GROUPED_KV_WAYS
 
@@ -40,8 +41,14 @@ def check(tmp_path: Path, budget: float) -> dict:
     return json.loads((out / "static_check.json").read_text())
 
 
-def test_every_arm_decodes_the_same_with_and_without_graphs(tmp_path):
-    report = check(tmp_path, 0)
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> dict:
+    """The report of a run with no budget (every arm), shared by the tests that read it."""
+    return check(tmp_path_factory.mktemp("check"), 0)
+
+
+def test_every_arm_decodes_the_same_with_and_without_graphs(full_report):
+    report = full_report
     arms = [row["arm"] for row in report["arms"]]
     assert arms[:3] == ["autoregressive", "medusa 64 nodes", "hydra 64 nodes"]  # targets first
     assert len(arms) == len(set(arms)) == ARMS and report["skipped_arms"] == []
@@ -123,3 +130,68 @@ def test_an_unmeasured_value_is_na_and_a_missing_arm_has_no_verdict():
                      "(at most 1.25) PASS",
                      "target autoregressive: tokens/s with graphs / eager (eager step ms / graph "
                      "step ms) 5.000 (at least 4.0) PASS"]
+
+
+STEP = "step_over_bare_forward"
+EVENTS = STATIC_CHECK.STEP_EVENTS
+
+
+def test_the_step_targets_judge_the_cuda_event_ratio_where_it_was_measured():
+    """A ratio the host clock misses (its launch and readback overhead) but the CUDA events
+    pass is a PASS, and the verdict and its line name the clock; without an event figure the
+    host clock's is judged; the speedup target always reads the host clock."""
+    rows = [{"arm": AR, STEP: 1.6, EVENTS: 1.1, "speedup": 5.0},
+            {"arm": MEDUSA_64, STEP: 1.1, EVENTS: 1.3, "speedup": 1.0},
+            {"arm": HYDRA_64, STEP: 1.1, EVENTS: None, "speedup": 1.0}]
+    judged = STATIC_CHECK.judge_targets(rows)
+    assert {(arm, key): (v["judged"], v["clock"], v["value"], v["pass"])
+            for arm, by_key in judged.items() for key, v in by_key.items()} == {
+        (AR, STEP): (EVENTS, "CUDA events", 1.1, True),
+        (AR, "speedup"): ("speedup", "host clock", 5.0, True),
+        (MEDUSA_64, STEP): (EVENTS, "CUDA events", 1.3, False),
+        (HYDRA_64, STEP): (STEP, "host clock", 1.1, True),
+    }
+    lines = STATIC_CHECK.target_lines(judged)
+    assert lines[0] == ("target autoregressive: graph step / bare captured forward by CUDA "
+                        "events 1.100 (at most 1.25) PASS")
+    assert lines[-1] == ("target hydra 64 nodes: graph step / bare captured forward 1.100 "
+                         "(at most 1.15) PASS")
+    assert {t.key: t.event_key for t in STATIC_CHECK.TARGETS} == {STEP: EVENTS, "speedup": None}
+    nan_events = STATIC_CHECK.judge_targets([{"arm": AR, STEP: 1.2, EVENTS: float("nan")}])
+    assert nan_events[AR][STEP]["clock"] == "host clock"
+
+
+def test_step_timings_drop_the_first_run_and_keep_both_clocks():
+    from entmtp.runtime._static_step import StepTiming
+
+    class Engine:
+        past_len = torch.tensor(17)
+
+        def __init__(self, device):
+            self.runs = iter([StepTiming(100.0, 50.0 if device else None)]
+                             + [StepTiming(2.0 + i, (1.0 + i) if device else None)
+                                for i in range(5)])
+            self.pasts = []
+
+        def timed_run(self, step, past, clock):
+            assert clock is STATIC_CHECK.synced_ms
+            self.pasts.append(past)
+            return next(self.runs)
+
+    engine = Engine(device=True)
+    assert STATIC_CHECK.step_timings(engine, "step", 5) == (4.0, 3.0)
+    assert engine.pasts == [17] * 6
+    assert STATIC_CHECK.step_timings(Engine(device=False), "step", 5) == (4.0, None)
+
+
+def test_on_the_cpu_the_rows_keep_the_host_clock_and_report_no_failed_capture(full_report):
+    report = full_report
+    rows = {row["arm"]: row for row in report["arms"]}
+    for arm in (AR, MEDUSA_64, HYDRA_64):
+        row = rows[arm]
+        assert row["graph_step_timed_ms"] > 0 and row["bare_forward_ms"] > 0
+        assert row["graph_step_event_ms"] is None and row["bare_forward_event_ms"] is None
+        assert row[EVENTS] is None and row["bare_forward_capture_error"] is None
+        assert report["targets"][arm][STEP]["clock"] == "host clock"
+    assert all(row["capture_failures"] == [] and row["graph_memory_bytes"] == 0
+               for row in report["arms"])

@@ -366,9 +366,23 @@ def test_unsupported_models_stay_eager_and_say_so(rt):
 class _FakeCuda:
     """Stands in for torch.cuda's graph API on the CPU: capture records the step bodies run
     inside it (raising on any op a real capture cannot take) and undoes what they did (a real
-    capture executes nothing); replay runs them."""
+    capture executes nothing); replay runs them.
+
+    It keeps what a check needs: the pool and the stream each capture got (``pools``,
+    ``capture_streams``), the side streams made, and the allocator's reserved memory as a graph
+    pool that grows 1 MiB per capture plus cached blocks (3 MiB per eager run of a step, freed by
+    ``empty_cache`` and by entering a capture, as the real context does). ``fail_body`` (a step
+    name) makes that step's captured body raise, after which the context's exit raises its own
+    error, as CUDA does; ``fail_exit`` makes only the exit raise; ``on_enter`` runs as a capture
+    begins. ``timeline`` logs warm-up runs, replays and CUDA events (which time the host
+    clock)."""
+
+    BODY_ERROR = ("CUDA error: operation not permitted when stream is capturing\n"
+                  "CUDA kernel errors might be asynchronously reported at some other API call")
+    EXIT_ERROR = "CUDA error: operation failed due to a previous error during capture"
 
     def __init__(self, engine, monkeypatch):
+        import time
         from contextlib import nullcontext
 
         import entmtp.runtime._static_step as static_step
@@ -377,6 +391,18 @@ class _FakeCuda:
         self.recording = None
         self.captures = 0
         self.replayed: list[str] = []  # the name of each replayed graph's step
+        self.pools: list = []  # the pool each capture got
+        self.capture_streams: list = []  # the stream each capture ran on
+        self.warmup_streams: list = []  # the stream each warm-up ran on
+        self.streams_made = 0
+        self.handles = 0
+        self.pool_bytes = 0
+        self.cached_bytes = 0
+        self.fail_body: str | None = None
+        self.fail_exit: str | None = None
+        self.on_enter = None
+        self.timeline: list[str] = []
+        self._stream = None
         fake = self
 
         class Graph:
@@ -386,40 +412,90 @@ class _FakeCuda:
 
             def replay(self):
                 fake.replayed.append(self.step)
+                fake.timeline.append("replay")
                 for call in self.calls:
                     call()
 
         class Capture:
-            def __init__(self, graph):
+            def __init__(self, graph, pool=None, stream=None):
                 self.graph = graph
+                fake.pools.append(pool)
+                fake.capture_streams.append(stream)
 
             def __enter__(self):
+                if fake.on_enter is not None:
+                    fake.on_enter()
+                fake.cached_bytes = 0  # the real context empties the cache first
                 fake.saved = [t.clone() for t in [*engine.state_tensors(), engine.cache]]
                 fake.recording = self.graph
                 fake.captures += 1
+                fake.pool_bytes += 2**20
 
-            def __exit__(self, *exc):
+            def __exit__(self, kind, value, traceback):
                 fake.recording = None
-                for tensor, value in zip([*engine.state_tensors(), engine.cache], fake.saved,
-                                         strict=True):
-                    tensor.copy_(value)
+                for tensor, value_ in zip([*engine.state_tensors(), engine.cache], fake.saved,
+                                          strict=True):
+                    tensor.copy_(value_)
+                if kind is not None:  # the capture is invalidated: ending it fails too
+                    raise RuntimeError(fake.EXIT_ERROR)
+                if self.graph.step == fake.fail_exit:
+                    raise RuntimeError("CUDA error: out of memory")
 
         class Stream:
             def __init__(self, *args):
-                pass
+                fake.streams_made += 1
 
             def wait_stream(self, other):
                 pass
+
+        current = object.__new__(Stream)  # the default stream: not made by the engine
+
+        @contextmanager
+        def on_stream(stream):
+            fake._stream = stream
+            try:
+                yield
+            finally:
+                fake._stream = None
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.at = None
+
+            def record(self, stream=None):
+                self.at = time.perf_counter()
+                fake.timeline.append("event")
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1000.0
+
+        def handle():
+            fake.handles += 1
+            return (1, fake.handles)
+
+        def empty_cache():
+            fake.cached_bytes = 0
 
         for cls in (static_step.TreeStep, static_step.PrepareStep):
             original = cls.body
 
             def body(step, past_len, original=original):
                 if fake.recording is None:
+                    if fake._stream is not None:
+                        fake.warmup_streams.append(fake._stream)
+                        fake.timeline.append("warm-up")
+                    fake.cached_bytes += 3 * 2**20
                     original(step, past_len)
                     return
                 fake.recording.calls.append(lambda: original(step, None))
                 fake.recording.step = step.name
+                if step.name == fake.fail_body:
+                    engine.past_len.add_(7)  # half-done work a failed capture leaves
+                    raise RuntimeError(fake.BODY_ERROR)
                 with _DeviceSyncDetector():  # what a real capture refuses
                     original(step, past_len)
 
@@ -427,12 +503,15 @@ class _FakeCuda:
         cuda = torch.cuda
         monkeypatch.setattr(cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(cuda, "graph", Capture)
+        monkeypatch.setattr(cuda, "graph_pool_handle", handle)
         monkeypatch.setattr(cuda, "Stream", Stream)
-        monkeypatch.setattr(cuda, "stream", lambda s: nullcontext())
-        monkeypatch.setattr(cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(cuda, "stream", lambda s: on_stream(s) if s is not None
+                            else nullcontext())
+        monkeypatch.setattr(cuda, "current_stream", lambda *a: current)
         monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
-        # each capture reserves one more MiB
-        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: fake.captures * 2**20)
+        monkeypatch.setattr(cuda, "empty_cache", empty_cache)
+        monkeypatch.setattr(cuda, "Event", Event)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: fake.pool_bytes + fake.cached_bytes)
 
 
 @pytest.mark.parametrize(("head_type", "signal"), [("medusa", DRAFT_ENTROPY),
@@ -730,3 +809,246 @@ def test_padded_steps_under_emulated_graphs_match_eager(rt, setup, head_type, si
     assert any("width=" in record.step for record in engine.capture_log)
     widest = max(PADDING[t.num_nodes] + 1 for t in trees if t.num_nodes)
     assert engine.capacity >= len(PROMPTS[2]) + 30 + widest
+
+
+# -- capture failures, the graph pool, the heads' draft rows, CUDA-event timing -----------------
+
+def _graph_decoder(model, heads, monkeypatch):
+    """A full-window decoder whose engine captures graphs as on CUDA (``_FakeCuda``)."""
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.graphs = True
+    return decoder, engine, _FakeCuda(engine, monkeypatch)
+
+
+def _state(engine) -> list[torch.Tensor]:
+    return [t.clone() for t in engine.state_tensors()]
+
+
+@pytest.mark.parametrize("where", ["body", "exit"])
+def test_a_failed_capture_restores_the_state_and_says_so_in_one_line(rt, setup, where,
+                                                                      monkeypatch, capsys):
+    """Whether the step's body raises inside the capture (the context's exit then raises a
+    second error) or the exit alone does: the state is restored (the past length the warm-up
+    clamped included), one line names the step and the first error, the other steps are
+    captured, and the failed one is never captured again, not even for a new cache."""
+    from entmtp.runtime._static_step import CaptureFailure
+
+    model, _ = setup
+    heads = _noisy_heads(model, "medusa")
+    _, engine, fake = _graph_decoder(model, heads, monkeypatch)
+    engine.reserve(128)
+    with torch.inference_mode():
+        engine.prefill(torch.tensor(PROMPTS[0]))
+        engine.past_len.fill_(100)  # a finished generation's: the 64-token step's warm-up clamps
+    failing = engine.tree_step(TREES["mc_sim_7b_63"])
+    other = engine.tree_step(TREES["chain"])
+    setattr(fake, "fail_body" if where == "body" else "fail_exit", failing.name)
+    before = _state(engine)
+    engine.capture([failing, other])
+    assert all(torch.equal(a, b) for a, b in zip(engine.state_tensors(), before, strict=True))
+    error = ("CUDA error: operation not permitted when stream is capturing" if where == "body"
+             else "CUDA error: out of memory")
+    assert engine.capture_failures == [CaptureFailure(failing.name, error)]
+    line = (f"CUDA graph capture of {failing.name} failed: {error}; this step runs without "
+            "graphs (--no-graphs skips capture)")
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert [r.step for r in engine.capture_log] == [other.name]
+    assert failing.graph is None and failing.capture_error == error
+    captures = fake.captures
+    engine.capture([failing, other])
+    engine.reserve(engine.capacity + 1)  # stale graphs: the other step is captured again
+    engine.capture([failing, other])
+    assert fake.captures == captures + 1 and len(engine.capture_failures) == 1
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("where", ["body", "exit"])
+@pytest.mark.parametrize(("head_type", "signal", "fails"), [
+    ("medusa", DRAFT_ENTROPY, "deep"), ("medusa", DRAFT_ENTROPY, "prepare"),
+    ("hydra", BASE_ENTROPY, "mc_sim_7b_63"), ("hydra", BASE_ENTROPY, "empty"),
+])
+def test_decoding_past_a_failed_capture_matches_decoding_without_graphs(
+        rt, setup, head_type, signal, fails, where, monkeypatch, capsys):
+    """The step whose capture failed runs without graphs, the others replay theirs: tokens,
+    accept lengths and entropies as without graphs; the failure is printed once, never
+    captured again, and is in the runtime report and its capture line."""
+    model, references = setup
+    heads = _noisy_heads(model, head_type, scale=0.2)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    plain = SpeculativeDecoder(model, heads, topk=TOPK, window="full", graphs=False)
+    decoder, engine, fake = _graph_decoder(model, heads, monkeypatch)
+    trees = (TREES["deep"], TREES["empty"]) if signal == DRAFT_ENTROPY else \
+        (TREES["empty"], TREES["mc_sim_7b_63"])
+    schedule = _two_tree_schedule(signal, trees, eager, PROMPTS)
+    options = StepOptions.of(BundleScheduler(schedule), decoder.fuses_empty)
+    failing = (engine.prepare_step(options.prepare_depth) if fails == "prepare"
+               else engine.step_for(TREES[fails], options))
+    setattr(fake, "fail_body" if where == "body" else "fail_exit", failing.name)
+    captures = None
+    for prompt in PROMPTS:
+        got = decoder.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        want = plain.generate(torch.tensor(prompt), BundleScheduler(schedule), max_new_tokens=30)
+        _same_run(got, want)
+        assert got.tokens == references[tuple(prompt)][:30]
+        captures = fake.captures if captures is None else captures
+        assert fake.captures == captures  # captured once, before the first prompt
+    assert failing.name not in fake.replayed and fake.replayed  # the others replay
+    assert [f.step for f in engine.capture_failures] == [failing.name]
+    assert capsys.readouterr().err.count("CUDA graph capture of") == 1
+    report = runtime_report([decoder], model, engine="auto", graphs=True)
+    error = engine.capture_failures[0].error
+    assert report["capture_failures"] == [{"runtime": "decoder 0", "step": failing.name,
+                                           "error": error}]
+    assert report["graph_captures"] == len(engine.capture_log) >= 1
+    assert capture_line(report) == (
+        f"captured {report['graph_captures']} CUDA graph"
+        f"{'s' if report['graph_captures'] != 1 else ''} in {report['capture_ms']:.0f} ms, "
+        f"{report['capture_memory_bytes'] / 2**20:.1f} MiB of graph memory; 1 capture failed, "
+        "that step runs without graphs (--no-graphs skips capture): "
+        f"decoder 0 {failing.name} ({error})")
+
+
+def test_a_report_with_only_failed_captures_still_has_a_capture_line():
+    report = {"graph_captures": 0, "capture_ms": 0.0, "capture_memory_bytes": 0,
+              "capture_failures": [{"runtime": "autoregressive", "step": "tree q=1 depth=0",
+                                    "error": "CUDA error: x"},
+                                   {"runtime": "decoder 0", "step": "prepare",
+                                    "error": "CUDA error: y"}]}
+    assert capture_line(report) == (
+        "2 captures failed, those steps run without graphs (--no-graphs skips capture): "
+        "autoregressive tree q=1 depth=0 (CUDA error: x), decoder 0 prepare (CUDA error: y)")
+    assert capture_line({**report, "capture_failures": []}) is None
+
+
+def test_every_capture_of_an_engine_shares_one_pool_and_one_side_stream(rt, setup, monkeypatch):
+    """Warm-ups and captures run on one side stream made once; the captures of one cache share
+    one graph pool (a new cache drops every graph and the next captures share a new pool); a
+    capture's memory is the pool's growth alone (the warm-ups' cached blocks and what decoding
+    left cached are emptied before reading), and the report's figure is the pool's."""
+    model, _ = setup
+    heads = _noisy_heads(model, "medusa", scale=0.2)
+    eager = SpeculativeDecoder(model, heads, topk=TOPK, engine="eager")
+    decoder, engine, fake = _graph_decoder(model, heads, monkeypatch)
+    schedule = _two_tree_schedule(DRAFT_ENTROPY, (TREES["deep"], TREES["empty"]), eager, PROMPTS)
+    decoder.generate(torch.tensor(PROMPTS[0]), BundleScheduler(schedule), max_new_tokens=30)
+    first = fake.captures
+    assert first >= 3  # the drafted step, the fused empty step and the preparation
+    assert len(set(fake.pools)) == 1 and fake.pools[0] is not None
+    stream = fake.capture_streams[0]
+    assert stream is not None and fake.streams_made == 1
+    assert all(s is stream for s in fake.capture_streams + fake.warmup_streams)
+    assert len(fake.warmup_streams) == 2 * first  # GRAPH_WARMUP_RUNS each
+    assert [r.memory_bytes for r in engine.capture_log] == [2**20] * first
+    assert engine.graph_memory_bytes == first * 2**20
+    engine.reserve(engine.capacity + 1)
+    assert all(s.graph is None for s in [*engine._steps.values(),
+                                          *engine._prepare_steps.values()])  # pool dropped
+    fake.cached_bytes = 5 * 2**20  # what decoding left cached; the capture context empties it
+    decoder.generate(torch.tensor(PROMPTS[1]), BundleScheduler(schedule), max_new_tokens=30)
+    assert fake.captures == 2 * first
+    assert len(set(fake.pools[first:])) == 1 and set(fake.pools[first:]) != set(fake.pools[:first])
+    assert fake.streams_made == 1 and all(s is stream for s in fake.capture_streams)
+    assert engine.graph_memory_bytes == first * 2**20  # the live pool's, not both pools'
+    report = runtime_report([decoder], model, engine="auto", graphs=True)
+    assert report["capture_memory_bytes"] == first * 2**20
+    assert report["graph_captures"] == 2 * first
+
+
+def test_draft_rows_are_refreshed_before_each_capture_and_never_rebuilt_inside_one(
+        rt, setup, monkeypatch, capsys):
+    """The heads copy their draft-vocabulary rows again (a weight changed) before the warm-up
+    of every capture; inside the capture the heads refuse a rebuild with a clear error, which
+    the capture reports, and that step runs without graphs."""
+    model, references = setup
+    heads = _noisy_heads(model, "hydra", shared_lm_head=False)
+    heads.set_draft_vocab(torch.randperm(heads.vocab_size,
+                                         generator=torch.Generator().manual_seed(7))[:80])
+    decoder, engine, fake = _graph_decoder(model, heads, monkeypatch)
+    refresh = heads.refresh_draft_rows
+    frozen_in_capture = []
+
+    def refreshing():
+        fake.timeline.append("refresh")
+        assert not heads.draft_rows_frozen
+        refresh()
+
+    monkeypatch.setattr(heads, "refresh_draft_rows", refreshing)
+    fake.on_enter = lambda: frozen_in_capture.append(heads.draft_rows_frozen)
+    with torch.no_grad():
+        heads.proj[0].weight.mul_(1.0)  # a new version: the rows are stale
+    fake.timeline.clear()
+    chain = StaticScheduler(TREES["chain"])
+    got = decoder.generate(torch.tensor(PROMPTS[0]), chain, max_new_tokens=20)
+    assert got.tokens == references[tuple(PROMPTS[0])][:20]
+    assert engine.capture_failures == [] and fake.captures == 1
+    assert fake.timeline[:3] == ["refresh", "warm-up", "warm-up"] and frozen_in_capture == [True]
+    assert "refresh" not in fake.timeline[1:]  # one capture, one refresh
+    assert not heads.draft_rows_frozen
+    weight = heads.proj[0].weight
+    assert heads._draft_rows[1][0][:2] == (weight.data_ptr(), weight._version)
+
+    # a weight that changes inside the capture: the rebuild is refused, the step runs eagerly
+    def change_inside():
+        with torch.no_grad():
+            heads.proj[1].weight.mul_(1.0)
+
+    fake.on_enter = change_inside
+    deep = StaticScheduler(TREES["deep"])
+    got = decoder.generate(torch.tensor(PROMPTS[2]), deep, max_new_tokens=20)
+    assert got.tokens == references[tuple(PROMPTS[2])][:20]
+    [failure] = engine.capture_failures
+    assert "draft-vocabulary rows would be rebuilt inside a CUDA graph capture" in failure.error
+    assert "refresh_draft_rows" in failure.error and failure.step.startswith("tree q=12")
+    assert "CUDA graph capture of tree q=12" in capsys.readouterr().err
+    assert not heads.draft_rows_frozen
+
+
+def test_the_heads_refuse_to_rebuild_their_draft_rows_while_frozen(rt, setup):
+    model, _ = setup
+    heads = _noisy_heads(model, "medusa", shared_lm_head=False)
+    heads.set_draft_vocab(torch.arange(80))
+    heads.refresh_draft_rows()
+    rows = heads.draft_projection_weight(2)
+    heads.draft_rows_frozen = True
+    assert heads.draft_projection_weight(2)[0] is rows[0]  # unchanged weights: the cached rows
+    heads.refresh_draft_rows()  # nothing to rebuild: fine while frozen
+    with torch.no_grad():
+        heads.proj[1].weight.add_(1.0)
+    with pytest.raises(EntmtpError, match="head 2's draft-vocabulary rows would be rebuilt"):
+        heads.draft_projection_weight(2)
+    with pytest.raises(EntmtpError, match="call heads.refresh_draft_rows"):
+        heads.refresh_draft_rows()
+    heads.draft_rows_frozen = False
+    heads.refresh_draft_rows()
+    heads.draft_rows_frozen = True
+    torch.testing.assert_close(heads.draft_projection_weight(2)[0],
+                               heads.proj[1].weight[:80].detach())
+
+
+def test_timed_run_keeps_the_cuda_event_time_beside_the_host_time(rt, setup, monkeypatch):
+    """Off CUDA only the host time; on CUDA (emulated) also the time between two CUDA events
+    recorded around the replay (before the readback), which the host time contains."""
+    model, _ = setup
+    heads = _noisy_heads(model, "medusa")
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK)
+    engine = decoder.static_engine
+    decoder.warm_up(StaticScheduler(TREES["deep"]), max_context=40)
+    with torch.inference_mode():
+        engine.prefill(torch.tensor(PROMPTS[2]))
+    timed = engine.timed_run(engine.tree_step(TREES["deep"]), len(PROMPTS[2]))
+    assert not engine.timing_events and timed.host_ms > 0 and timed.device_ms is None
+
+    decoder, engine, fake = _graph_decoder(model, heads, monkeypatch)
+    engine.timing_events = True  # as on CUDA
+    decoder.warm_up(StaticScheduler(TREES["deep"]), max_context=40)
+    step = engine.tree_step(TREES["deep"])
+    with torch.inference_mode():
+        engine.prefill(torch.tensor(PROMPTS[2]))
+    original = type(step).readback
+    monkeypatch.setattr(type(step), "readback",
+                        lambda s: (fake.timeline.append("readback"), original(s))[1])
+    fake.timeline.clear()
+    timed = engine.timed_run(step, len(PROMPTS[2]))
+    assert fake.timeline == ["event", "replay", "event", "readback"]
+    assert 0 <= timed.device_ms <= timed.host_ms
