@@ -123,6 +123,7 @@ def plot_latency_curves(
     (None: no mark, and the axis ends at the largest measured tree).
     """
     import numpy as np
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     from ._plots import _pyplot, _save
 
@@ -155,7 +156,11 @@ def plot_latency_curves(
     if mark_nodes is not None:
         absolute.text(mark_nodes, absolute.get_ylim()[1], f" {mark_nodes}-node tree",
                       fontsize=7, va="top", color="0.4")
+    for ax in (absolute, relative):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # node counts are whole
     absolute.set_yscale("log")
+    absolute.yaxis.set_major_formatter(ScalarFormatter())  # "20" rather than "2 x 10^1"
+    absolute.yaxis.set_minor_formatter(ScalarFormatter())
     absolute.set_ylabel("ms per draft + verify step (depth term excluded)")
     relative.set_ylabel("step time / step time without a tree")
     relative.legend(fontsize=8, loc="best")
