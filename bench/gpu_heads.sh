@@ -12,11 +12,14 @@
 #                                                  last part with heads-mix.jsonl.gz (the training
 #                                                  mix of bench/train_heads.py --write-jsonl)
 #   here:            bench/gpu_check.sh lean
-#   device calls:    bench/gpu_check.sh receive carry .gpu/partK, for each part
+#   device calls:    bench/gpu_check.sh receive carry .gpu/partK, for each part but the last
+#                    (the first also carries trees/heads, kept on the machine for the later calls)
+#   last call:       bench/gpu_heads.sh run     carry the last part and .gpu/payload
 #   here:            bench/gpu_check.sh full
-#   last call:       bench/gpu_heads.sh run     carry .gpu/payload
 #
-# (`prepare` prints the calls and writes them to .gpu/calls.txt; LEAN=0 as in gpu_check.sh.)
+# (`prepare` prints the calls, with their budgets and what each carries, and writes them to
+# .gpu/calls.txt, which is the authority; LEAN=0 as in gpu_check.sh. Not rehearsed since
+# gpu_check.sh's plan became three calls: `bench/gpu_check.sh rehearse` covers gpu_check only.)
 # `run` leaves $OUT/gpu-heads.tgz (split into <= 16 MiB parts gpu-heads.tgz.part-N when larger):
 # heads/smollm2-135m-{medusa,hydra} (fp16 safetensors + config.json with the held-out table,
 # drafting over the DRAFT_VOCAB most frequent targets; the same weights, so of heads/full-vocab-*
