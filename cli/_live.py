@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from entmtp.core import EntmtpError, atomic_write_json
+from entmtp.core import CpuInfo, EntmtpError, atomic_write_json, cpu_info
 from entmtp.evaluation import EncodedPrompt, RunProgress
 from entmtp.treesearch import Bundle, load_bundle
 
@@ -43,11 +43,13 @@ def check_bundle_fits(bundle: Bundle, base, heads) -> None:
         num_heads=heads.num_heads,
         heads_sha256=heads.sha256(),
     )
-    mismatch = latency_mismatch(bundle, next(base.model.parameters()))
-    if mismatch is not None:
-        from ._progress import warn
+    weight = next(base.model.parameters())
+    for mismatch in (latency_mismatch(bundle, weight),
+                     cpu_mismatch(bundle, weight.device.type, cpu_info())):
+        if mismatch is not None:
+            from ._progress import warn
 
-        warn(mismatch)
+            warn(mismatch)
 
 
 def latency_mismatch(bundle: Bundle, weight) -> str | None:
@@ -64,6 +66,29 @@ def latency_mismatch(bundle: Bundle, weight) -> str | None:
     return (f"the bundle was searched under {timed[1]} steps on {timed[0]} but this run "
             f"decodes in {running[1]} on {running[0]}: its trees were chosen for other step "
             "costs (pick the bundle made for this device and --dtype, or retarget one)")
+
+
+def cpu_mismatch(bundle: Bundle, device_type: str, machine: CpuInfo) -> str | None:
+    """Why the bundle's CPU step times are not this CPU's (another CPU model: family and model
+    differ, the stepping aside), or None (also for untimed bundles, GPU runs and files that do
+    not record the CPU)."""
+    hardware = bundle.latency.hardware if bundle.latency is not None else {}
+    timed_on = hardware.get("cpu_signature")
+    if (hardware.get("kind") != "measured" or device_type != "cpu" or not timed_on
+            or not machine.signature
+            or str(hardware.get("device") or "cpu").split(":")[0] != "cpu"):
+        return None
+    if _cpu_model(str(timed_on)) == _cpu_model(machine.signature):
+        return None
+    return (f"the bundle's step times were measured on {hardware.get('cpu_name', 'a CPU')} "
+            f"({timed_on}) but this machine is {machine.name} ({machine.signature}): its trees "
+            "were chosen for that CPU's step costs (pick the bundle made for this CPU, or "
+            "measure this one with `entmtp latency` and `entmtp retarget` the run)")
+
+
+def _cpu_model(signature: str) -> str:
+    """``GenuineIntel family 6 model 167``: a signature without its stepping."""
+    return signature.split(" stepping")[0]
 
 
 def check_head_type(head_type: str | None) -> None:

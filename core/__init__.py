@@ -26,6 +26,7 @@ from ._errors import EntmtpError
 from ._extras import missing_extra
 from ._hardware import (
     SYNTHETIC_LABEL,
+    CpuInfo,
     cpu_info,
     cpu_name,
     describe_machine,
@@ -87,6 +88,7 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "CpuInfo",
     "DTYPE_ALIASES",
     "SYNTHETIC_LABEL",
     "all_or_none",

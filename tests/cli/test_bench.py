@@ -544,3 +544,30 @@ def test_step_time_table_shows_each_trees_drift_against_autoregressive_decoding(
     by_row = {line.split()[0]: line.split() for line in lines if "[medusa]" in line}
     assert by_row["entmtp[medusa]"][-1] == f"{30.7 / 29.1 * 0.936:.3f}"
     assert by_row["best-static[medusa]"][-1] == f"{29.5 / 29.3 * 0.936:.3f}"
+
+
+def test_a_bundle_timed_on_another_cpu_model_is_named_with_the_fix():
+    from types import SimpleNamespace
+
+    from entmtp.cli._live import cpu_mismatch
+    from entmtp.core import CpuInfo
+
+    def bundle(**hardware):
+        return SimpleNamespace(latency=SimpleNamespace(hardware=hardware))
+
+    xeon = bundle(kind="measured", device="cpu", cpu_name="Intel(R) Xeon(R) Processor",
+                  cpu_signature="GenuineIntel family 6 model 167 stepping 1")
+    epyc = CpuInfo(name="AMD EPYC", signature="AuthenticAMD family 25 model 17 stepping 1")
+    text = cpu_mismatch(xeon, "cpu", epyc)
+    assert "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167 stepping 1)" in text
+    assert "AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)" in text
+    assert "entmtp latency" in text and "retarget" in text
+    same_model = CpuInfo(name="Intel Xeon", signature="GenuineIntel family 6 model 167 stepping 4")
+    assert cpu_mismatch(xeon, "cpu", same_model) is None  # another stepping of the same model
+    # nothing to compare: a GPU run, a GPU-timed or untimed bundle, an unrecorded CPU
+    assert cpu_mismatch(xeon, "cuda", epyc) is None
+    assert cpu_mismatch(bundle(kind="measured", device="cuda:0", cpu_signature="x"), "cpu",
+                        epyc) is None
+    assert cpu_mismatch(SimpleNamespace(latency=None), "cpu", epyc) is None
+    assert cpu_mismatch(bundle(kind="measured", device="cpu"), "cpu", epyc) is None
+    assert cpu_mismatch(xeon, "cpu", CpuInfo(name="unknown", signature=None)) is None
