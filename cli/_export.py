@@ -39,8 +39,24 @@ def resolve_bundle_path(source: Path) -> Path:
             raise EntmtpError(f"{source} has no bundle.json: run `entmtp calibrate --out {source}`")
         return path
     if not source.exists():
-        raise EntmtpError(f"{source} does not exist: give a bundle.json or a run folder")
+        near = close_match(source)
+        hint = f" (did you mean {near}?)" if near is not None else ""
+        raise EntmtpError(f"{source} does not exist{hint}: give a bundle.json or a run folder")
     return source
+
+
+def close_match(missing: Path) -> Path | None:
+    """The bundle file or folder beside ``missing`` whose name is closest to its name, when one
+    is close (a mistyped bundle name)."""
+    import difflib
+
+    folder = missing.parent
+    try:
+        names = [p.name for p in folder.iterdir() if p.is_dir() or p.suffix == ".json"]
+    except OSError:
+        return None
+    found = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.75)
+    return folder / found[0] if found else None
 
 
 def _run_profile(source: Path, profile: Path | None) -> Path | None:

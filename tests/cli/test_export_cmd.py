@@ -127,3 +127,18 @@ def test_medusa_heads_get_no_batch_schedule_and_one_batch_size_is_refused(demo_r
                                  "vllm-batch", "--out", str(out)])
     assert result.exit_code == 2 and "--profile PROFILE.npz" in result.output
     assert not out.exists()
+
+
+def test_a_mistyped_bundle_name_gets_the_closest_one(tmp_path):
+    folder = tmp_path / "bundles"
+    folder.mkdir()
+    for name in ("code-medusa-cpu2-zen4.json", "code-hydra-cpu2-zen4.json", "notes.md"):
+        (folder / name).write_text("{}")
+    result = runner.invoke(app, ["decode", str(folder / "code-medusa-cpu2-zen.json"),
+                                 "--prompt", "x"])
+    assert result.exit_code == 2
+    assert f"(did you mean {folder / 'code-medusa-cpu2-zen4.json'}?)" in " ".join(
+        result.output.split())
+    result = runner.invoke(app, ["export", str(folder / "something-else.json"), "--out",
+                                 str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "did you mean" not in result.output
