@@ -131,12 +131,15 @@ def show_tree(
     check_plots(out)
     obj = read_json(source, source=f"tree file {source}", expect=(dict, list),
                     fix="give a bundle.json or a JSON list of paths")
+    serves = None
     if isinstance(obj, dict) and obj.get("format") == "entmtp-bundle":
         bundle = load_bundle(source)
         if not 0 <= tree_index < len(bundle.trees):
             raise EntmtpError(f"--tree {tree_index} is out of range: the bundle has "
                               f"{len(bundle.trees)} trees")
         tree = bundle.trees[tree_index]
+        serves = f"tree {tree_index} of {len(bundle.trees)}, " + entropy_range(
+            bundle.schedule(), tree_index)
     elif isinstance(obj, dict) and not {"paths", "medusa_choices"} & set(obj):
         kind = f"an {obj['format']} file" if isinstance(obj.get("format"), str) else "an object"
         raise EntmtpError(f"tree file {source} is {kind}, not a bundle or a list of paths: give "
@@ -144,5 +147,24 @@ def show_tree(
     else:
         tree = Tree.from_json(obj)
     title = f"{source.name}: {tree.num_nodes} nodes, depth {tree.depth}"
+    if serves is not None:
+        title = f"{source.name}, {serves}\n{tree.num_nodes} nodes, depth {tree.depth}"
     plot_tree(tree.to_json(), out, title=title)
     typer.echo(f"wrote {out}")
+
+
+def entropy_range(schedule, index: int) -> str:
+    """The estimates tree ``index`` of ``schedule`` serves, in words: ``[low, high)`` nats of
+    its signal, or every step for a one-tree schedule."""
+    if len(schedule.trees) == 1:
+        return "every step"
+    signal = schedule.signal.replace("_", " ")
+    low = schedule.thresholds[index - 1] if index > 0 else None
+    high = schedule.thresholds[index] if index < len(schedule.thresholds) else None
+    if low is not None and high is not None and low >= high:
+        return f"never chosen ({signal} thresholds {low:.2f} = {high:.2f} nats)"
+    if low is None:
+        return f"{signal} < {high:.2f} nats"
+    if high is None:
+        return f"{signal} >= {low:.2f} nats"
+    return f"{low:.2f} <= {signal} < {high:.2f} nats"

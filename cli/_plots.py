@@ -114,10 +114,15 @@ def plot_tree(paths: Sequence[Sequence[int]], path: str | os.PathLike, *, title:
         ax.plot([x_of[parent], x_of[node]], [-len(parent), -len(node)], color="0.6", lw=0.8)
     for node in nodes:
         label = "root" if not node else str(node[-1])
-        ax.scatter([x_of[node]], [-len(node)], s=160, color="white", edgecolors="black", zorder=3)
+        size = 520 if not node else 160  # the root's marker holds its four letters
+        ax.scatter([x_of[node]], [-len(node)], s=size, color="white", edgecolors="black",
+                   zorder=3)
         ax.text(x_of[node], -len(node), label, ha="center", va="center", fontsize=7, zorder=4)
     ax.set_yticks([-d for d in range(depth + 1)], [f"depth {d}" for d in range(depth + 1)])
     ax.set_xticks([])
+    xs = list(x_of.values())
+    ax.set_xlim(min(xs) - 0.7, max(xs) + 0.7)  # no marker cut by the axes
+    ax.set_ylim(-depth - 0.4, 0.4)
     ax.set_title(title)
     for side in ("top", "right", "bottom"):
         ax.spines[side].set_visible(False)

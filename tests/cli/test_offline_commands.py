@@ -164,3 +164,17 @@ def test_a_changed_latency_model_is_searched_again(tmp_path):
     second = load_bundle(out / "bundle.json")
     assert second.latency == LatencyModel.gpu_like()
     assert first.latency == LatencyModel.cpu_like()
+
+
+def test_show_tree_titles_a_bundle_tree_with_the_entropies_it_serves():
+    from entmtp.cli._pareto import entropy_range
+    from entmtp.treesearch import Schedule, Tree
+
+    trees = tuple(Tree.from_paths([[i] for i in range(k)])
+                  for k in (1, 2, 3, 4))
+    schedule = Schedule(trees, (0.5, 1.25, 1.25), signal="draft_entropy")
+    assert entropy_range(schedule, 0) == "draft entropy < 0.50 nats"
+    assert entropy_range(schedule, 1) == "0.50 <= draft entropy < 1.25 nats"
+    assert entropy_range(schedule, 2) == "never chosen (draft entropy thresholds 1.25 = 1.25 nats)"
+    assert entropy_range(schedule, 3) == "draft entropy >= 1.25 nats"
+    assert entropy_range(Schedule(trees[:1]), 0) == "every step"
