@@ -12,14 +12,13 @@ _selftest_setup.py.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from entmtp.core import EntmtpError, atomic_write_json
-from entmtp.model import resolve_dtype_name
+from entmtp.core import atomic_write_json
+from entmtp.model import check_device_name, resolve_dtype_name
 
 from ._benchmark import torch_threads
 from ._selftest_checks import selftest_checks
@@ -107,13 +106,6 @@ def run_check(check: SelftestCheck, setup: SelftestSetup) -> CheckRecord:
                        time.perf_counter() - start)
 
 
-def check_selftest_device(device: str) -> str:
-    """``cpu`` or ``cuda[:N]``; whether this machine has that GPU is the self-test's to say."""
-    if re.fullmatch(r"cpu|cuda(:\d+)?", device) is None:
-        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
-    return device
-
-
 def run_selftest(
     device: str = "cpu", dtype: str = "fp32", *,
     checks: Sequence[SelftestCheck] | None = None,
@@ -122,7 +114,7 @@ def run_selftest(
     """Run ``checks`` (default: ``selftest_checks()``) on ``device`` in ``dtype``, each to its
     record, ``on_record`` called after each. Raises ``EntmtpError`` only for a device or dtype
     that is not a name; a named GPU this machine lacks fails the checks that need it."""
-    device = check_selftest_device(device)
+    device = check_device_name(device)  # whether this machine has it is the checks' to say
     dtype = resolve_dtype_name(dtype)
     setup = SelftestSetup(device, dtype)
     chosen = [SelftestCheck(name, run) for name, run in selftest_checks()] \

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         SHIPPED_HEADS,
         check_device,
         check_device_and_dtype,
+        check_device_name,
         check_engine,
         check_head_type,
         load_base,
@@ -80,6 +81,7 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "check_device_name",
     "CHAT_END_TOKENS",
     "GROUPED_KV_WAYS",
     "LOGIT_TRANSFORMS",
@@ -142,6 +144,7 @@ _LAZY = {
         "SHIPPED_HEADS",
         "check_device",
         "check_device_and_dtype",
+        "check_device_name",
         "check_engine",
         "check_head_type",
         "load_base",

@@ -39,14 +39,19 @@ def resolve_dtype_name(dtype: str) -> str:
     return dtype_name(dtype, option="--dtype")
 
 
+def check_device_name(device: str) -> str:
+    """``cpu`` or ``cuda[:N]`` as a name, whether or not this machine has that device."""
+    if re.fullmatch(r"cpu|cuda(:\d+)?", device) is None:
+        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
+    return device
+
+
 def check_device(device: str) -> str:
     """``cpu`` or ``cuda[:N]`` that this machine has."""
     import torch
 
-    if device == "cpu":
+    if check_device_name(device) == "cpu":
         return device
-    if re.fullmatch(r"cuda(:\d+)?", device) is None:
-        raise EntmtpError(f"--device {device!r}: use cpu or cuda (cuda:N for another GPU)")
     if not torch.cuda.is_available():
         raise EntmtpError(f"--device {device}: this machine has no CUDA GPU that torch "
                           f"{torch.__version__} can use; use --device cpu or run on the GPU "
