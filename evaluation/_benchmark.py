@@ -166,20 +166,13 @@ def bench_methods(base, head_sets, arms: Sequence[BundleArm], *, engine: str = "
             methods.append(speculative_method(
                 arm.row_name(BEST_STATIC), decoder, StaticScheduler(static), eos=eos,
                 info={"role": BEST_STATIC, "heads": arm.head_type, **tree_info(static)}))
-            if runs_as_static(arm.bundle):
+            # one measurement: measured twice at two moments of a shared machine the two rows
+            # would differ by its drift alone
+            if arm.bundle.schedule_is_best_static:
                 bundle_method.same_as = methods[-1].name
                 bundle_method.info["same_runs_as"] = methods[-1].name
         methods.append(bundle_method)
     return methods, decoders
-
-
-def runs_as_static(bundle: Bundle) -> bool:
-    """Whether ``bundle`` decodes exactly as its best static tree's row: one tree, that tree,
-    so its scheduler chooses it at every step without reading an entropy and runs the same step
-    objects. Such a row shares the best-static row's runs; measured twice at two moments of a
-    shared machine the two would differ by its drift alone."""
-    best = bundle.best_static
-    return best is not None and len(bundle.trees) == 1 and best.tree == bundle.trees[0]
 
 
 # -- predictions ----------------------------------------------------------------------------

@@ -275,7 +275,7 @@ def check_prediction(
         # switching that held up out of sample) has no schedule for the bound to measure.
         fraction_of_oracle=oracle.entmtp_fraction_of_oracle if not one_tree else None,
         best_static=static,
-        schedule_is_best_static=one_tree and bundle.best_static is not None,
+        schedule_is_best_static=bundle.schedule_is_best_static,
         speedup_vs_references=tuple((name, speedups.get(name)) for name in reference_rows),
         speedup_vs_best_static=speedups.get(static_name) if static_name else None,
         speedup_vs_best_static_ci95=(speedup_intervals.get(static_name) if static_name

@@ -119,6 +119,13 @@ class Bundle:
                                                 context="bundle: "))
         self.schedule()  # checks the unit, the signal and its estimator
 
+    @property
+    def schedule_is_best_static(self) -> bool:
+        """One tree, and it is the best static tree: the schedule chooses it at every step
+        without reading an entropy, so it decodes exactly as that tree does."""
+        best = self.best_static
+        return best is not None and len(self.trees) == 1 and best.tree == self.trees[0]
+
     def schedule(self) -> Schedule:
         """The bundle's entropy schedule in nats: the one way from a bundle to what runs.
 

@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 from entmtp.cli import _bench
 from entmtp.cli._live import read_bundle
 from entmtp.cli.app import app
-from entmtp.evaluation._benchmark import runs_as_static
 from entmtp.evaluation._prediction import DRIFT_LIMIT, drift_warning
 from entmtp.treesearch import (
     LatencyModel,
@@ -320,19 +319,19 @@ def test_a_one_tree_bundle_has_no_oracle_fraction(two, spy, tmp_path):
     assert "bench (3 methods)" in result.output
 
 
-def test_only_a_one_tree_bundle_of_its_best_static_tree_runs_as_static(two):
+def test_only_a_one_tree_bundle_of_its_best_static_tree_is_its_best_static_schedule(two):
     bundle = load_bundle(two.medusa_run / "bundle.json")
     static = bundle.best_static
     one_tree = dataclasses.replace(
         bundle, trees=[static.tree], thresholds=[], tree_stats=bundle.tree_stats[:1],
         best_static=dataclasses.replace(static, tree_index=0))
-    assert runs_as_static(one_tree)
+    assert one_tree.schedule_is_best_static
     other = Tree.from_paths([[0]]) if static.tree != Tree.from_paths([[0]]) else \
         Tree.from_paths([[0], [1]])
-    assert not runs_as_static(dataclasses.replace(one_tree, trees=[other]))
-    assert not runs_as_static(dataclasses.replace(one_tree, best_static=None))
+    assert not dataclasses.replace(one_tree, trees=[other]).schedule_is_best_static
+    assert not dataclasses.replace(one_tree, best_static=None).schedule_is_best_static
     if len(bundle.trees) > 1:
-        assert not runs_as_static(bundle)
+        assert not bundle.schedule_is_best_static
 
 
 def test_two_bundles_of_one_head_type_is_a_one_line_error(two, tmp_path):
