@@ -111,17 +111,21 @@ def export_command(
     bundle_path = resolve_bundle_path(source)
     bundle = load_bundle(bundle_path)
     profile_path = _run_profile(source, profile)
-    if fmt in BATCH_FORMATS:
-        _export_batch_schedule(source, bundle.heads.type, fmt, profile_path, latency, out, force)
-        return
-    needs_profile = fmt == "vllm-chain" or refit_ranks
+    needs_profile = fmt == "vllm-chain" or fmt in BATCH_FORMATS or refit_ranks
     if needs_profile and profile_path is None:
-        what = "vllm-chain searches the best chain" if fmt == "vllm-chain" else (
-            "--refit-ranks re-searches the tree")
+        if fmt == "vllm-chain":
+            what = "vllm-chain searches the best chain"
+        elif fmt in BATCH_FORMATS:
+            what = f"{fmt} searches the best chain per batch size"
+        else:
+            what = "--refit-ranks re-searches the tree"
         raise EntmtpError(
             f"{what} on the bundle's profile, which {source} does not hold: give the run folder "
             "(with profile.npz) or --profile PROFILE.npz"
         )
+    if fmt in BATCH_FORMATS:
+        _export_batch_schedule(source, bundle.heads.type, fmt, profile_path, latency, out, force)
+        return
     run_profile = Profile.load(profile_path) if needs_profile and profile_path else None
     chain_latency = None
     if fmt == "vllm-chain" and bundle.latency is None and source.is_dir():
@@ -145,13 +149,9 @@ def export_command(
         typer.echo(f"entmtp: warning: {warning}", err=True)
 
 
-def _export_batch_schedule(source: Path, head_type: str, fmt: str, profile: Path | None,
+def _export_batch_schedule(source: Path, head_type: str, fmt: str, profile: Path,
                            latency: Path | None, out: Path, force: bool) -> None:
     """The best chain length per batch size as ``fmt``'s runtime reads it, written to ``out``."""
-    if profile is None:
-        raise EntmtpError(f"{fmt} searches the best chain per batch size on the bundle's "
-                          f"profile, which {source} does not hold: give the run folder (with "
-                          "profile.npz) or --profile PROFILE.npz")
     if latency is None and source.is_dir() and RunDir(source).latency.exists():
         latency = RunDir(source).latency
     if latency is None:
