@@ -26,17 +26,10 @@ import torch
 
 from entmtp.calibrate import load_prompts
 from entmtp.core import atomic_write_json, cpu_info
+from entmtp.evaluation import quartiles
 from entmtp.model import load_base, load_heads_for
 from entmtp.runtime import BundleScheduler, SpeculativeDecoder, StaticScheduler
 from entmtp.treesearch import load_bundle, runtime_padding
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    if len(ordered) < 2:
-        return ordered[0], ordered[0], ordered[0]
-    q1, q2, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
-    return q1, q2, q3
 
 
 def main() -> int:
@@ -70,6 +63,7 @@ def main() -> int:
         decoder.warm_up(make(), max_context=longest)
 
     steps_used: dict[str, set[int]] = {name: set() for name in arms}
+    current = [""]  # the arm running now, for the step spy
     engine = decoder.static_engine
     if engine is not None:
         run = engine.run
@@ -79,7 +73,6 @@ def main() -> int:
             return _run(step, past_len)
 
         engine.run = spy
-    current = [""]
     rates: dict[str, list[float]] = {name: [] for name in arms}
     ratios: list[float] = []
     for round_index in range(args.rounds):

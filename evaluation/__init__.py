@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         capture_line,
         check_replay,
         profile_live_trajectories,
+        quartiles,
         ratio,
         run_side_by_side,
         runtime_report,
@@ -82,6 +83,7 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "quartiles",
     "AUTOREGRESSIVE",
     "BEST_STATIC",
     "DRIFT_LIMIT",
@@ -159,6 +161,7 @@ _LAZY = {
         "capture_line",
         "check_replay",
         "profile_live_trajectories",
+        "quartiles",
         "ratio",
         "run_side_by_side",
         "runtime_report",
