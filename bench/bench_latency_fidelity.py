@@ -51,7 +51,7 @@ def growing_steps(decoder: SpeculativeDecoder, prompt: torch.Tensor, tree: Tree,
             for _ in range(count):
                 start = clock.now()
                 engine.run(step, past)
-                past += step.readback().length
+                past += step.readback()[0].length
                 times.append(clock.now() - start)
             return times
         plan = decoder.plan(tree)

@@ -523,9 +523,9 @@ class _StaticSteps:
         step = self.step(key)
         engine.restore_state(self.states[length])
         slots = slice(length, length + step.cache_width)
-        kept = engine.cache[:, :, :, slots].clone()  # a longer context's prompt sits there
+        kept = engine.cache[..., slots, :].clone()  # a longer context's prompt sits there
         timed = engine.timed_run(step, length, self.clock.now)
-        engine.cache[:, :, :, slots] = kept
+        engine.cache[..., slots, :] = kept
         return timed.host_ms, timed.device_ms
 
     def describe(self) -> dict[str, Any]:

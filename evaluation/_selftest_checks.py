@@ -155,7 +155,7 @@ def _run_variant(engine, make: Callable[[], Any], past: int) -> dict[str, Any]:
                     raise CheckFailed(said or "the capture left no graph: the step runs "
                                       "without graphs")
             engine.run(step, past)
-            out = step.readback()
+            out = step.readback()[0]  # the engine's one row
         if isinstance(out, float):  # a preparation: head 1's entropy
             if not np.isfinite(out):
                 raise CheckFailed(f"head 1's entropy read back as {out}")

@@ -13,10 +13,11 @@ it at any past length) and attends either over the filled part only (``kv_len`` 
 CPU, where shapes may change every step) or over the whole cache with a mask that blocks the
 unfilled slots (``kv_len=None``: fixed shapes for graphs).
 
-A batch of sequences (batched greedy generation: ``calibrate``'s head data and profiles) has a
-cache ``[layers, 2, batch, kv_heads, capacity, head_dim]`` and ``[batch, q]`` tokens and
-positions, written at the same slots in every row (left-padded prompts: a row's padding is
-masked out).
+A batch of sequences has a cache ``[layers, 2, batch, kv_heads, capacity, head_dim]`` and
+``[batch, q]`` tokens and positions, written at the same slots in every row (``slots`` [q]:
+batched greedy generation, ``calibrate``'s head data and profiles, whose left-padded prompts mask
+out a row's padding) or at each row's own slots (``slots`` [batch, q]: the static runtime's
+batched steps, each row at its own past length).
 
 Grouped-query attention (SmolLM2: 9 query heads over 3 key/value heads) has three ways in
 ``GROUPED_KV_WAYS``, one method (``grouped_kv_way``: measured per device, dtype and batch, or
@@ -157,13 +158,15 @@ class StaticLlama:
         bool (True attends) or additive float, or None (attend to every slot read).
 
         A batch (a batch cache, see ``new_cache``): ``tokens`` and ``positions`` [batch, q],
-        ``mask`` [batch, q, kv_len] or None; returns [batch, q, hidden].
+        ``slots`` [q] (the same in every row) or [batch, q], ``mask`` [batch, q, kv_len] or
+        None; returns [batch, q, hidden].
         """
         batched = tokens.dim() == 2
         x = self.embed(tokens) if batched else self.embed(tokens)[None]  # [rows, q, hidden]
         rows, q = x.shape[:2]
         cos, sin = self.rotary(positions, x.dtype)
-        way = self.grouped_kv_way(batched)
+        way = self.grouped_kv_way(rows > 1)
+        write = _slot_writer(slots, rows, self.num_kv_heads, self.head_dim)
         attn_mask = None if mask is None else self._head_mask(mask.reshape(-1, 1,
                                                                       *mask.shape[-2:]), way)
         for index, layer in enumerate(self.layers):
@@ -175,9 +178,8 @@ class StaticLlama:
             queries = queries * cos + _rotate_half(queries) * sin
             keys = keys * cos + _rotate_half(keys) * sin
             layer_cache = cache[index]  # [2, (batch,) kv_heads, capacity, head_dim]
-            layer_cache[0].index_copy_(-2, slots, (keys if batched else keys[0]).to(cache.dtype))
-            layer_cache[1].index_copy_(-2, slots,
-                                       (values if batched else values[0]).to(cache.dtype))
+            write(layer_cache[0], (keys if batched else keys[0]).to(cache.dtype))
+            write(layer_cache[1], (values if batched else values[0]).to(cache.dtype))
             past_keys = layer_cache[0, ..., :kv_len, :]  # [(batch,) kv_heads, kv_len, head_dim]
             past_values = layer_cache[1, ..., :kv_len, :]
             if not batched:
@@ -232,6 +234,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _slot_writer(slots: torch.Tensor, rows: int, kv_heads: int, head_dim: int):
+    """A function that writes a layer's keys or values ``[(batch,) kv_heads, q, head_dim]`` into
+    its cache ``[(batch,) kv_heads, capacity, head_dim]`` at ``slots``: [q] (every row at the same
+    slots) or [batch, q] (each row at its own; the index is expanded once per forward)."""
+    if slots.dim() == 1:
+        return lambda layer_cache, entries: layer_cache.index_copy_(-2, slots, entries)
+    index = slots[:, None, :, None].expand(rows, kv_heads, slots.shape[1], head_dim)
+    return lambda layer_cache, entries: layer_cache.scatter_(-2, index, entries)
+
+
 def compact_static_cache(
     cache: torch.Tensor, past_len: torch.Tensor, path: torch.Tensor, keep_slots: torch.Tensor
 ) -> None:
@@ -241,7 +253,16 @@ def compact_static_cache(
     ``keep_slots`` [D+1]: ``arange(D+1)``; ``past_len`` [] int64. Slot ``past_len + j`` gets
     the entry of slot ``past_len + path[j]``: for the path's own length those are the kept
     entries, past it the padding lands beyond the new past length, where nothing reads it.
+    A batch cache (``new_cache(_, batch)``) takes ``past_len`` [batch] and ``path``
+    [batch, D+1], each row compacted at its own past length.
     Tensor-driven (no host sync, fixed shapes), so a graph can contain it.
     """
-    source = cache.index_select(3, past_len + path)  # copies first: overlapping rows are safe
-    cache.index_copy_(3, past_len + keep_slots, source)
+    if cache.dim() == 5:
+        source = cache.index_select(3, past_len + path)  # copies first: overlapping is safe
+        cache.index_copy_(3, past_len + keep_slots, source)
+        return
+    layers, pair, rows, kv_heads, _, head_dim = cache.shape
+    shape = (layers, pair, rows, kv_heads, path.shape[-1], head_dim)
+    source_slots = (past_len[:, None] + path)[None, None, :, None, :, None].expand(shape)
+    target_slots = (past_len[:, None] + keep_slots)[None, None, :, None, :, None].expand(shape)
+    cache.scatter_(4, target_slots, cache.gather(4, source_slots))  # gather copies first

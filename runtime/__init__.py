@@ -19,14 +19,15 @@ if TYPE_CHECKING:
         SpeculativeDecoder,
         autoregressive_engine,
         autoregressive_generate,
+        autoregressive_generate_batch,
         autoregressive_static_engine,
         greedy_choice,
     )
     from ._drafter import TreeDrafter
     from ._engine import Engine
     from ._kv_cache import compact_cache, new_cache, truncate_cache
-    from ._loop import decode
-    from ._records import DecodeResult, StepLog
+    from ._loop import decode, decode_batch
+    from ._records import BatchDecodeResult, DecodeResult, StepLog
     from ._scheduler import BundleScheduler, Scheduler, StaticScheduler
     from ._static_step import StaticEngine, TreeStep
     from ._verify import forward_tokens, greedy_accept
@@ -44,6 +45,9 @@ __all__ = [
     "TreeDrafter",
     "Engine",
     "decode",
+    "decode_batch",
+    "BatchDecodeResult",
+    "autoregressive_generate_batch",
 ]
 
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
@@ -67,14 +71,15 @@ _LAZY = {
         "SpeculativeDecoder",
         "autoregressive_engine",
         "autoregressive_generate",
+        "autoregressive_generate_batch",
         "autoregressive_static_engine",
         "greedy_choice",
     ),
     "._drafter": ("TreeDrafter",),
     "._engine": ("Engine",),
     "._kv_cache": ("compact_cache", "new_cache", "truncate_cache"),
-    "._loop": ("decode",),
-    "._records": ("DecodeResult", "StepLog"),
+    "._loop": ("decode", "decode_batch"),
+    "._records": ("BatchDecodeResult", "DecodeResult", "StepLog"),
     "._scheduler": ("BundleScheduler", "Scheduler", "StaticScheduler"),
     "._static_step": ("StaticEngine", "TreeStep"),
     "._verify": ("forward_tokens", "greedy_accept"),

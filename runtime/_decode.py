@@ -55,6 +55,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -66,8 +67,16 @@ from entmtp.treesearch import Tree
 from ._drafter import Prepared, TreeDrafter, fuses_with_base
 from ._engine import reads_base_entropy, reads_draft_entropy
 from ._kv_cache import check_cache, compact_cache, new_cache
-from ._loop import decode
-from ._records import DecodeResult, PhaseTimes, Prefilled, StepLog, StepMarks, StepRun
+from ._loop import decode, decode_batch
+from ._records import (
+    BatchDecodeResult,
+    DecodeResult,
+    PhaseTimes,
+    Prefilled,
+    StepLog,
+    StepMarks,
+    StepRun,
+)
 from ._sampling import logits_to_probs, rejection_accept, sample_from, typical_accept
 from ._scheduler import Scheduler, StaticScheduler
 from ._static_step import StaticDecoding, StaticEngine, check_padding, padding_note
@@ -283,7 +292,7 @@ class SpeculativeDecoder:
         """
         clock = self.clock
         t0 = clock.now()
-        drafted = self.drafter.draft(plan, self._root(state), state.hidden, prepared)
+        drafted = self.drafter.draft(plan, self._root(state), state.hidden, prepared)[0]
         t1 = clock.now()
         hidden, logits = tree_forward(self.model, state.cache, plan, drafted, state.past_len,
                                       dtype=self.dtype)
@@ -407,6 +416,38 @@ class SpeculativeDecoder:
         return decode(engine, input_ids, scheduler, max_new_tokens=max_new_tokens,
                       eos_token_ids=eos, on_step=on_step)
 
+    def generate_batch(
+        self,
+        prompts: Sequence[torch.Tensor | Sequence[int]],
+        scheduler: Scheduler,
+        *,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int] = (),
+        on_step: Callable[[int, StepLog | None, list[int]], None] | None = None,
+    ) -> BatchDecodeResult:
+        """Greedy ``generate`` of every prompt together, one row each, on the static runtime:
+        each step verifies one tree for every row still decoding (the scheduler's choice at the
+        mean of the rows' estimates); each row's tokens are its greedy decoding alone.
+        ``on_step(row, step_log, new_tokens)`` as ``generate``'s, per row."""
+        static = self._batch_engine(len(prompts))
+        if max_new_tokens < 1:
+            raise EntmtpError(f"a batch generates max_new_tokens >= 1, got {max_new_tokens}")
+        for tree in scheduler.trees:
+            self.plan(tree)
+        engine = StaticDecoding(static, fuse_empty=self.fuses_empty, breakdown=self.breakdown)
+        return decode_batch(engine, [_as_prompt(p, self.device) for p in prompts], scheduler,
+                            max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                            on_step=on_step)
+
+    def _batch_engine(self, rows: int) -> StaticEngine:
+        if rows < 1:
+            raise EntmtpError("a batch needs at least one prompt")
+        static = self.static_engine
+        if static is None:
+            raise EntmtpError(f"batched decoding runs on the static runtime only: "
+                              f"{self.runtime_note}")
+        return static
+
 
 class EagerDecoding:
     """``decoder``'s eager steps as the loop's engine (``_loop.decode``), accepting with
@@ -431,8 +472,9 @@ class EagerDecoding:
         self._ready: Prepared | None = None  # prepared by the previous (fused empty) step
         self._outcome: StepOutcome | None = None
 
-    def begin(self, prompt: torch.Tensor | Sequence[int], scheduler: Scheduler,
+    def begin(self, prompts: Sequence[torch.Tensor | Sequence[int]], scheduler: Scheduler,
               max_new_tokens: int) -> None:
+        _one_row(prompts, "the eager runtime")
         self._observes = reads_base_entropy(scheduler)
         self._fuse = reads_draft_entropy(scheduler) and self.decoder.fuses_empty
         self._max_depth = max((tree.depth for tree in scheduler.trees), default=0)
@@ -441,11 +483,11 @@ class EagerDecoding:
     def now(self) -> float:
         return self.decoder.clock.now()
 
-    def prefill(self, prompt: torch.Tensor | Sequence[int]) -> Prefilled:
-        self.state, last_logits = self.decoder.prefill(prompt, self.choose)
+    def prefill(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> list[Prefilled]:
+        self.state, last_logits = self.decoder.prefill(prompts[0], self.choose)
         entropy = (entropy_from_logits(last_logits[None]).tolist()[0] if self._observes
                    else math.nan)
-        return Prefilled(self.state.pending, entropy)
+        return [Prefilled(self.state.pending, entropy)]
 
     def prepare_draft(self) -> None:
         prepared, self._ready = self._ready, None
@@ -453,13 +495,13 @@ class EagerDecoding:
             prepared = self.decoder.prepare(self.state, self._max_depth)
         self._prepared = prepared
 
-    def draft_entropy(self) -> float:
-        return float(entropy_from_logits(self._prepared.first_logits))
+    def draft_entropy(self) -> list[float]:
+        return entropy_from_logits(self._prepared.first_logits).tolist()
 
     def step_for(self, tree: Tree) -> TreePlan:
         return tree_plan(tree, self.decoder.topk, self.decoder.device)
 
-    def run(self, step: TreePlan) -> StepRun:
+    def run(self, step: TreePlan) -> list[StepRun]:
         decoder, prepared = self.decoder, self._prepared
         self._prepared = None
         if self._fuse and step.num_nodes == 0:
@@ -468,19 +510,23 @@ class EagerDecoding:
         else:
             outcome = decoder.step(self.state, step, self.accept, prepared)
         self._outcome = outcome
-        return StepRun([outcome.node_tokens[node] for node in outcome.path],
-                       outcome.next_token, outcome.draft_ms, outcome.verify_ms,
-                       outcome.accept_ms)
+        return [StepRun([outcome.node_tokens[node] for node in outcome.path],
+                        outcome.next_token, outcome.draft_ms, outcome.verify_ms,
+                        outcome.accept_ms)]
 
-    def commit(self, kept: int) -> None:
+    def commit(self, kept: Sequence[int]) -> None:
         outcome = self._outcome
-        self.decoder.commit(self.state, outcome, outcome.path[:kept])
+        self.decoder.commit(self.state, outcome, outcome.path[: kept[0]])
 
-    def base_entropies(self, kept: int) -> list[float]:
+    def base_entropies(self, kept: Sequence[int]) -> list[list[float]]:
         outcome = self._outcome
-        return entropy_from_logits(outcome.logits[outcome.path[:kept]]).tolist()
+        return [entropy_from_logits(outcome.logits[outcome.path[: kept[0]]]).tolist()]
 
-    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+    def finish(self, rows: Sequence[int]) -> None:
+        """Nothing: the loop ends with its one row."""
+
+    def phase_times(self, marks: StepMarks, runs: Sequence[StepRun]) -> PhaseTimes:
+        run = runs[0]
         return PhaseTimes(
             draft_ms=(marks.prepared - marks.start) + run.draft_ms,
             verify_ms=run.verify_ms,
@@ -499,38 +545,49 @@ class PlainEagerDecoding:
         self.clock = _Clock(device)
         self.state: DecodingState | None = None
 
-    def begin(self, prompt: torch.Tensor, scheduler: Scheduler, max_new_tokens: int) -> None:
+    def begin(self, prompts: Sequence[torch.Tensor], scheduler: Scheduler,
+              max_new_tokens: int) -> None:
+        _one_row(prompts, "the eager runtime")
         if any(tree.num_nodes for tree in scheduler.trees):
             raise EntmtpError("plain steps verify the empty tree only")
 
     def now(self) -> float:
         return self.clock.now()
 
-    def prefill(self, prompt: torch.Tensor) -> Prefilled:
-        self.state, _ = eager_prefill(self.model, prompt, greedy_choice)
-        return Prefilled(self.state.pending, math.nan)
+    def prefill(self, prompts: Sequence[torch.Tensor]) -> list[Prefilled]:
+        self.state, _ = eager_prefill(self.model, prompts[0], greedy_choice)
+        return [Prefilled(self.state.pending, math.nan)]
 
     def prepare_draft(self) -> None:
         raise EntmtpError("plain steps draft nothing: there is no draft entropy")
 
-    def draft_entropy(self) -> float:
+    def draft_entropy(self) -> list[float]:
         raise EntmtpError("plain steps draft nothing: there is no draft entropy")
 
     def step_for(self, tree: Tree) -> Tree:
         return tree
 
-    def run(self, step: Tree) -> StepRun:
+    def run(self, step: Tree) -> list[StepRun]:
         root = self.state.pending
-        return StepRun([root], self.state.plain_step(self.model))
+        return [StepRun([root], self.state.plain_step(self.model))]
 
-    def commit(self, kept: int) -> None:
+    def commit(self, kept: Sequence[int]) -> None:
         """Nothing: the plain step cached its one token."""
 
-    def base_entropies(self, kept: int) -> list[float]:
+    def base_entropies(self, kept: Sequence[int]) -> list[list[float]]:
         raise EntmtpError("plain steps compute no entropies")
 
-    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+    def finish(self, rows: Sequence[int]) -> None:
+        """Nothing: the loop ends with its one row."""
+
+    def phase_times(self, marks: StepMarks, runs: Sequence[StepRun]) -> PhaseTimes:
         return PhaseTimes(0.0, marks.stepped - marks.chosen, 0.0)
+
+
+def _one_row(prompts: Sequence[Any], runtime: str) -> None:
+    if len(prompts) != 1:
+        raise EntmtpError(f"{runtime} decodes one prompt at a time, got a batch of "
+                          f"{len(prompts)}: use the static runtime (engine='static') for a batch")
 
 
 def _static_reason(model: torch.nn.Module, engine: str) -> str | None:
@@ -613,3 +670,30 @@ def autoregressive_generate(
                 else PlainEagerDecoding(model, device))
     return decode(decoding, prompt, StaticScheduler(_AR_EMPTY), max_new_tokens=max_new_tokens,
                   eos_token_ids=eos)
+
+
+@torch.inference_mode()
+def autoregressive_generate_batch(
+    model: torch.nn.Module,
+    prompts: Sequence[torch.Tensor | Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    graphs: bool = True,
+    window: str | None = None,
+) -> BatchDecodeResult:
+    """Plain greedy decoding of every prompt together, one row each, on the static runtime:
+    each step runs the empty tree's step for the whole batch (one token per live row)."""
+    check_tree_attention_support(model)
+    if max_new_tokens < 1:
+        raise EntmtpError(f"a batch generates max_new_tokens >= 1, got {max_new_tokens}")
+    if not prompts:
+        raise EntmtpError("a batch needs at least one prompt")
+    _, device = _model_dtype_device(model)
+    static = autoregressive_static_engine(model, graphs=graphs, window=window)
+    if static is None:
+        raise EntmtpError(f"batched decoding runs on the static runtime only: "
+                          f"{_static_reason(model, 'auto')}")
+    return decode_batch(StaticDecoding(static), [_as_prompt(p, device) for p in prompts],
+                        StaticScheduler(_AR_EMPTY), max_new_tokens=max_new_tokens,
+                        eos_token_ids=eos_token_ids)

@@ -1,4 +1,5 @@
-"""The proposer: token of every tree node from Medusa or Hydra draft heads.
+"""The proposer: token of every tree node from Medusa or Hydra draft heads, for a batch of
+sequences (rows) at a time, every row drafting the same tree.
 
 ``TreeDrafter(heads)`` gives the ``Drafter`` of the heads' type. Medusa heads see only the hidden
 state, so one top-k per head serves the whole tree:
@@ -31,20 +32,22 @@ from ._tree_attention import TreePlan
 
 @dataclass(frozen=True)
 class Prepared:
-    """The heads' first results at one step's state, computed before its tree is chosen.
+    """The heads' first results at one step's state (every row's), computed before its tree is
+    chosen.
 
-    ``logits``: Medusa ``[depth, V']``, heads 1..depth at the hidden state; Hydra ``[1, V']``,
-    head 1 with the root as its one-token prefix (the first level of any tree); ``V'``: the
-    heads' draft vocabulary (``head_logits`` columns; the whole vocabulary without one).
+    ``logits``: Medusa ``[rows, depth, V']``, heads 1..depth at each row's hidden state; Hydra
+    ``[rows, 1, V']``, head 1 with the row's root as its one-token prefix (the first level of
+    any tree); ``V'``: the heads' draft vocabulary (``head_logits`` columns; the whole
+    vocabulary without one).
     """
 
     depth: int  # deepest tree this can draft (Hydra: any; its deeper levels run in ``draft``)
-    logits: torch.Tensor
+    logits: torch.Tensor  # [rows, depth or 1, V']
 
     @property
     def first_logits(self) -> torch.Tensor:
-        """Head 1's logits [V] at the step's state (its entropy is the draft signal)."""
-        return self.logits[0]
+        """Head 1's logits [rows, V'] at each row's state (their entropy is the draft signal)."""
+        return self.logits[:, 0]
 
 
 class Drafter:
@@ -66,7 +69,8 @@ class Drafter:
                 heads.draft_projection_weight(depth)
 
     def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
-        """Head results for drafting any tree of depth <= ``max_depth`` from this state.
+        """Head results for drafting any tree of depth <= ``max_depth`` from this state
+        (``root`` [rows], ``hidden`` [rows, hidden_size], as ``draft`` takes them).
 
         Always includes head 1 (for ``first_logits``), also when ``max_depth`` is 0.
         """
@@ -80,7 +84,7 @@ class Drafter:
 
     def prepared_view(self, buffer: torch.Tensor, max_depth: int) -> Prepared:
         """The ``Prepared`` that ``prepare(_, _, max_depth)`` gives, read from ``buffer``
-        [prepared_rows, V'] into which an earlier preparation's logits were copied."""
+        [rows, prepared_rows, V'] into which an earlier preparation's logits were copied."""
         raise NotImplementedError
 
     def prepare_depths(self) -> list[int]:
@@ -91,14 +95,15 @@ class Drafter:
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
         prepared: Prepared | None = None,
     ) -> torch.Tensor:
-        """Tokens of the root and every node: [q] int64.
+        """Tokens of the root and every node of each row: [rows, q] int64.
 
-        ``root``: [1] int64, the pending token; ``hidden``: [1, hidden_size], the final-norm
-        hidden state of the last cached position (whose logits chose ``root``); ``prepared``:
-        ``prepare(root, hidden, ...)`` of this same state, reused instead of running its heads.
+        ``root``: [rows] int64, each row's pending token; ``hidden``: [rows, hidden_size], the
+        final-norm hidden state of each row's last cached position (whose logits chose its
+        root); ``prepared``: ``prepare(root, hidden, ...)`` of this same state, reused instead
+        of running its heads.
         """
         if plan.depth == 0:
-            return root.reshape(1)
+            return root.reshape(-1, 1)
         if prepared is not None and prepared.depth < plan.depth:
             raise EntmtpError(
                 f"the draft was prepared for trees of depth <= {prepared.depth} but the tree has "
@@ -130,7 +135,7 @@ class MedusaDrafter(Drafter):
 
     def prepared_view(self, buffer: torch.Tensor, max_depth: int) -> Prepared:
         depth = max(int(max_depth), 1)
-        return Prepared(depth, buffer[:depth])
+        return Prepared(depth, buffer[:, :depth])
 
     def prepare_depths(self) -> list[int]:
         return list(range(1, self.heads.num_heads + 1))  # one more row per level
@@ -139,18 +144,20 @@ class MedusaDrafter(Drafter):
     def project_with_base(
         self, hidden: torch.Tensor, max_depth: int
     ) -> tuple[torch.Tensor, Prepared]:
-        """Base logits [1, V] at ``hidden`` [1, hidden_size] and ``prepare(_, hidden, max_depth)``
-        from one projection through the shared lm_head (only for ``fuses_with_base`` heads)."""
+        """Base logits [rows, V] at ``hidden`` [rows, hidden_size] and
+        ``prepare(_, hidden, max_depth)`` from one projection through the shared lm_head (only
+        for ``fuses_with_base`` heads)."""
         depth = max(int(max_depth), 1)
         weight, bias = self.heads.projection_weight(1)
-        features = medusa_features(self.heads, hidden, depth)
-        rows = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
-        logits = project_rows(rows, weight, bias, reused=True)  # [1 + depth, V]
-        heads_logits = logits[1:]
+        rows = hidden.shape[0]
+        features = medusa_features(self.heads, hidden, depth)  # [depth * rows, H], head-major
+        stacked = torch.cat([hidden.to(weight.dtype), features.to(weight.dtype)])
+        logits = project_rows(stacked, weight, bias, reused=True)  # [(1 + depth) * rows, V]
+        heads_logits = _by_row(logits[rows:], depth, rows)
         vocab = getattr(self.heads, "draft_vocab", None)
         if vocab is not None:  # the draft vocabulary's columns, as head_logits gives them
-            heads_logits = heads_logits.index_select(1, vocab.to(logits.device))
-        return logits[:1], Prepared(depth, heads_logits)
+            heads_logits = heads_logits.index_select(2, vocab.to(logits.device))
+        return logits[:rows], Prepared(depth, heads_logits)
 
     @torch.inference_mode()
     def _draft(
@@ -158,13 +165,13 @@ class MedusaDrafter(Drafter):
         prepared: Prepared | None,
     ) -> torch.Tensor:
         if prepared is None:
-            logits = medusa_logits(self.heads, hidden, plan.depth)  # [depth, V]
+            logits = medusa_logits(self.heads, hidden, plan.depth)  # [rows, depth, V]
         else:
-            logits = prepared.logits[: plan.depth]
-        top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [depth, max_topk] columns
+            logits = prepared.logits[:, : plan.depth]
+        top = torch.topk(logits, plan.max_topk, dim=-1).indices  # [rows, depth, max_topk]
         # Same as Medusa's [root, head1 top-k, ...][tree_indices], also for per-head top-k.
-        nodes = draft_token_ids(self.heads, top[plan.node_head, plan.node_rank])
-        return torch.cat([root.reshape(1).to(nodes.device), nodes])
+        nodes = draft_token_ids(self.heads, top[:, plan.node_head, plan.node_rank])  # [rows, n]
+        return torch.cat([root.reshape(-1, 1).to(nodes.device), nodes], dim=1)
 
 
 class HydraDrafter(Drafter):
@@ -175,9 +182,9 @@ class HydraDrafter(Drafter):
 
     @torch.inference_mode()
     def prepare(self, root: torch.Tensor, hidden: torch.Tensor, max_depth: int) -> Prepared:
-        # The same call as the first level of _draft (one parent: the root).
-        logits = self.heads.head_logits(1, hidden, root.reshape(1, 1).to(hidden.device))
-        return Prepared(self.heads.num_heads, logits)
+        # The same call as the first level of _draft (one parent per row: its root).
+        logits = self.heads.head_logits(1, hidden, root.reshape(-1, 1).to(hidden.device))
+        return Prepared(self.heads.num_heads, logits[:, None])  # [rows, 1, V']
 
     @property
     def prepared_rows(self) -> int:
@@ -194,19 +201,25 @@ class HydraDrafter(Drafter):
         self, plan: TreePlan, root: torch.Tensor, hidden: torch.Tensor,
         prepared: Prepared | None,
     ) -> torch.Tensor:
-        tokens = torch.empty(plan.size, dtype=torch.int64, device=plan.depths.device)
-        tokens[0] = root.reshape(())
+        rows = hidden.shape[0]
+        tokens = torch.empty(rows, plan.size, dtype=torch.int64, device=plan.depths.device)
+        tokens[:, 0] = root.reshape(rows)
         for depth in range(1, plan.depth + 1):
             expand = plan.expand_nodes[depth - 1]
+            parents = len(expand)
             if depth == 1 and prepared is not None:
-                logits = prepared.logits  # level 1 expands the root only
+                logits = prepared.logits[:, 0]  # [rows, V']: level 1 expands the root only
             else:
-                prefix = tokens[plan.ancestors[expand, :depth]]  # [u, depth]: root .. parent
-                logits = self.heads.head_logits(depth, hidden.expand(len(expand), -1), prefix)
+                # [rows * u, depth]: each expanded node's path root .. parent, row-major
+                prefix = tokens[:, plan.ancestors[expand, :depth]].reshape(-1, depth)
+                states = hidden[:, None].expand(rows, parents, hidden.shape[1])
+                logits = self.heads.head_logits(depth, states.reshape(-1, hidden.shape[1]),
+                                                prefix)
+            logits = logits.reshape(rows, parents, -1)
             nodes = plan.level_nodes[depth]
-            top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [u, topk] columns
-            tokens[nodes] = draft_token_ids(self.heads,
-                                            top[plan.parent_slot[depth - 1], plan.ranks[nodes]])
+            top = torch.topk(logits, plan.topk[depth - 1], dim=-1).indices  # [rows, u, topk]
+            tokens[:, nodes] = draft_token_ids(
+                self.heads, top[:, plan.parent_slot[depth - 1], plan.ranks[nodes]])
         return tokens
 
 
@@ -224,24 +237,32 @@ def TreeDrafter(heads: torch.nn.Module) -> Drafter:  # noqa: N802 (the proposer'
 
 
 def medusa_logits(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:
-    """Logits [depth, V] of heads 1..depth at ``hidden`` [1, hidden_size].
+    """Logits [rows, depth, V] of heads 1..depth at ``hidden`` [rows, hidden_size].
 
     With a shared vocabulary projection (the model layer's heads expose ``head_features`` and
     ``projection_weight``) all heads go through one 2-D matmul, so the large vocabulary matrix
     is read once per step; otherwise ``all_head_logits`` or one ``head_logits`` call per head.
     """
+    rows = hidden.shape[0]
     if getattr(heads, "shared_lm_head", False) and hasattr(heads, "head_features"):
         weight, bias = draft_projection_weight(heads, 1)
         features = medusa_features(heads, hidden, depth).to(weight.dtype)
-        return project_rows(features, weight, bias, reused=True)
+        return _by_row(project_rows(features, weight, bias, reused=True), depth, rows)
     if hasattr(heads, "all_head_logits"):
-        return heads.all_head_logits(hidden)[:depth, 0]
-    return torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)])
+        return heads.all_head_logits(hidden)[:depth].transpose(0, 1)
+    return _by_row(torch.cat([heads.head_logits(d, hidden, None) for d in range(1, depth + 1)]),
+                   depth, rows)
 
 
 def medusa_features(heads: torch.nn.Module, hidden: torch.Tensor, depth: int) -> torch.Tensor:
-    """Inputs [depth, hidden_size] of heads 1..depth's vocabulary projection at ``hidden``."""
+    """Inputs [depth * rows, hidden_size] of heads 1..depth's vocabulary projection at
+    ``hidden`` [rows, hidden_size], head-major (head 1's rows first)."""
     return torch.cat([heads.head_features(d, hidden, None) for d in range(1, depth + 1)])
+
+
+def _by_row(head_major: torch.Tensor, depth: int, rows: int) -> torch.Tensor:
+    """[depth * rows, V] head-major logits as [rows, depth, V] (a view)."""
+    return head_major.reshape(depth, rows, -1).transpose(0, 1)
 
 
 def fuses_with_base(model: torch.nn.Module, heads: torch.nn.Module) -> bool:

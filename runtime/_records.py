@@ -55,6 +55,36 @@ class DecodeResult:
         return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
 
 
+@dataclass
+class BatchDecodeResult:
+    """A batch decoded together (``decode_batch``): each row's result, and the batch's time.
+
+    A row's ``decode_ms`` runs from the first step until the step that finished it (the whole
+    decode for a batch of one); the batch's runs until its last row finished.
+    """
+
+    rows: list[DecodeResult]
+    steps: int  # batch steps after the prefill (each verifies one tree for every live row)
+    prefill_ms: float  # all rows' prefills
+    decode_ms: float  # wall time of all steps
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the steps produced over every row."""
+        return sum(row.decode_tokens for row in self.rows)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """The batch's throughput: every row's decode tokens over the steps' time."""
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Decode tokens per row-step (a row's step counted once per live row)."""
+        row_steps = sum(row.steps for row in self.rows)
+        return self.decode_tokens / row_steps if row_steps else 0.0
+
+
 def cut_drafts(drafts: list[int], room: int, eos: frozenset[int]) -> list[int]:
     """Drafts that may be emitted: at most ``room``, through the first EOS."""
     kept = drafts[:room]

@@ -6,6 +6,11 @@ root..leaf of depth ``d*`` then feeds the entropies of the logits at root, node 
 (``d* + 1`` values) in order, so before drafting at the step whose pending token came from a
 distribution with entropy ``H_i`` the estimator has consumed ``H_0 .. H_i``.
 
+A batch of sequences keeps one scheduler per row (``row_schedulers``), each observing its own
+row's entropies, and verifies one tree per step for every row: each live row's scheduler gives
+its estimate and the batch's tree is the one at their mean (``choose_for_rows``, treesearch's
+``batch_estimate``). With one row that is the row's own choice.
+
 A schedule on the ``draft_entropy`` signal instead chooses from head 1's entropy at the step's
 own state, used as is: the decoder prepares the draft first and hands that value to
 ``observe_draft`` before every ``choose`` (``needs_draft_entropy`` says so); base entropies fed
@@ -14,13 +19,14 @@ to ``observe`` are then ignored.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from entmtp.core import EntmtpError
-from entmtp.treesearch import BASE_ENTROPY, DRAFT_ENTROPY, Tree
+from entmtp.treesearch import BASE_ENTROPY, DRAFT_ENTROPY, Tree, batch_estimate
 
 if TYPE_CHECKING:
     from entmtp.treesearch import Schedule
@@ -47,6 +53,10 @@ class Scheduler(Protocol):
 
     def choose(self) -> TreeChoice: ...
 
+    def choice_at(self, estimate: float) -> TreeChoice:
+        """The tree that serves ``estimate`` (a batch's mean), no state read or changed."""
+        ...
+
 
 class StaticScheduler:
     """The same tree at every step."""
@@ -69,6 +79,9 @@ class StaticScheduler:
         pass
 
     def choose(self) -> TreeChoice:
+        return self._choice
+
+    def choice_at(self, estimate: float) -> TreeChoice:
         return self._choice
 
 
@@ -116,6 +129,10 @@ class BundleScheduler:
             if self._state is None:
                 self.reset()
             estimate = float(self._state.value)
+        return self.choice_at(estimate)
+
+    def choice_at(self, estimate: float) -> TreeChoice:
+        """The tree that serves ``estimate`` (no state read or changed)."""
         index = int(self.schedule.tree_index(estimate))
         return TreeChoice(index, self.trees[index], estimate)
 
@@ -128,3 +145,21 @@ class BundleScheduler:
             )
         estimate, self._draft = self._draft, None
         return estimate
+
+
+def row_schedulers(scheduler: Scheduler, rows: int) -> list[Scheduler]:
+    """One scheduler per row of a batch: ``scheduler`` itself for one row, else shallow copies
+    (the trees and schedule shared, each with its own estimator state after ``reset``)."""
+    if rows < 1:
+        raise EntmtpError(f"a batch needs at least one row, got {rows}")
+    return [scheduler] if rows == 1 else [copy.copy(scheduler) for _ in range(rows)]
+
+
+def choose_for_rows(schedulers: Sequence[Scheduler]) -> TreeChoice:
+    """The one tree a batch step verifies, from the live rows' ``schedulers``: one row's own
+    choice; for several, the tree at ``batch_estimate`` of their estimates (each row's
+    ``choose`` is called once, so a draft-entropy row consumes its value)."""
+    choices = [scheduler.choose() for scheduler in schedulers]
+    if len(choices) == 1 or not getattr(schedulers[0], "reads_entropy", True):
+        return choices[0]
+    return schedulers[0].choice_at(batch_estimate([c.estimate for c in choices]))

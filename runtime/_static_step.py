@@ -33,6 +33,16 @@ attention then reads the whole static cache under a mask that blocks the unfille
 CPU (no graphs) attention reads only the filled slots (``window="filled"``), since dynamic shapes
 cost nothing there; ``window="full"`` runs the graph-shaped step on any device (tests).
 
+**Batches.** An engine decodes ``rows`` sequences together (``set_rows``; one by default), every
+row verifying the same tree in one forward: the cache is ``[layers, 2, rows, kv_heads, capacity,
+head_dim]`` and the state holds each row's pending token, hidden state and past length as
+tensors ``[rows]``. Each row writes its tree at its own cache slots (its past length on), attends
+to its own past under a per-row mask, accepts and compacts its own path; a finished row is masked
+out (``finish``: its past length stops moving, its outputs are never read), so the step keeps
+its shapes and graphs. With one row the step is the unbatched one: the same ops on ``[1, ...]``
+tensors, the cache written at one set of slots and, on the filled window, the plan's own mask.
+Prompts are prefilled one row at a time (``prefill(prompt, row)``), each as it would be alone.
+
 **Captures.** All captures of an engine share one side stream and one graph memory pool (as
 vLLM and SGLang capture theirs), so graph memory is about the largest step's, not the sum of
 every step's: a step's outputs and the state live in buffers allocated outside the pool, and
@@ -63,7 +73,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -173,15 +183,14 @@ class StaticEngine:
             raise EntmtpError("CUDA graphs need window='full' (fixed shapes)")
         self.full_window = window == "full"
         self.padded_nodes = check_padding(padded_nodes)
-        self.cache: torch.Tensor | None = None  # [layers, 2, kv_heads, capacity, head_dim]
+        self.cache: torch.Tensor | None = None  # [layers, 2, rows, kv_heads, capacity, head_dim]
         self.columns: torch.Tensor | None = None  # [capacity] int64: arange(capacity)
         self.capacity = 0
         self.generation = 0  # bumped when the cache is reallocated: graphs capture its address
-        device = self.device
-        self.pending = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
-        self.hidden = torch.zeros(1, self.net.hidden_size, dtype=self.dtype, device=device)
-        self.past_len = torch.zeros((), dtype=torch.int64, device=device)  # []
-        self.prepared: torch.Tensor | None = None  # [rows, V] heads' first logits (draft signal)
+        self.rows = 1  # sequences decoded together
+        self._allocate_state()
+        # [rows, prepared_rows, V'] heads' first logits (draft signal)
+        self.prepared: torch.Tensor | None = None
         self._steps: dict[tuple, TreeStep] = {}  # by (tree, flags)
         self._steps_by_id: dict[tuple, tuple[Tree, TreeStep]] = {}  # the same, by id(tree)
         self._prepare_steps: dict[int, PrepareStep] = {}
@@ -194,17 +203,56 @@ class StaticEngine:
         self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     # -- buffers ---------------------------------------------------------------------------
+    def _allocate_state(self) -> None:
+        rows, device = self.rows, self.device
+        self.pending = torch.zeros(rows, dtype=torch.int64, device=device)  # [rows]
+        # [rows, hidden]: final-norm hidden state of each row's last cached position
+        self.hidden = torch.zeros(rows, self.net.hidden_size, dtype=self.dtype, device=device)
+        self.past_len = torch.zeros(rows, dtype=torch.int64, device=device)  # [rows]
+        self.live = torch.ones(rows, dtype=torch.int64, device=device)  # [rows] 1: decoding
+
+    @torch.inference_mode()
+    def set_rows(self, rows: int) -> None:
+        """Decode ``rows`` sequences together from now on. Another count reallocates the state,
+        the cache and the prepared buffer and drops every step (their outputs are per row) and
+        graph."""
+        rows = int(rows)
+        if rows < 1:
+            raise EntmtpError(f"a batch needs at least one row, got {rows}")
+        if rows == self.rows:
+            return
+        self._drop_graphs()
+        self._steps.clear()
+        self._steps_by_id.clear()
+        self._prepare_steps.clear()
+        self.rows = rows
+        self._allocate_state()
+        capacity, self.capacity = self.capacity, 0
+        self.cache = None
+        if capacity:
+            self.reserve(capacity)
+        if self.prepared is not None:
+            self.prepared = None
+            self.reserve_prepared()
+
     @torch.inference_mode()
     def reserve(self, capacity: int) -> None:
-        """Make room for ``capacity`` cache slots (reallocating drops every captured graph)."""
+        """Make room for ``capacity`` cache slots per row (reallocating drops every captured
+        graph)."""
         if capacity <= self.capacity:
             return
         capacity = -(-capacity // CAPACITY_QUANTUM) * CAPACITY_QUANTUM
         self._drop_graphs()
         self.cache = None  # free the old cache before allocating the new one
-        self.cache = self.net.new_cache(capacity)
+        self.cache = self.net.new_cache(capacity, batch=self.rows)
         self.columns = torch.arange(capacity, device=self.device)
         self.capacity = capacity
+
+    @torch.inference_mode()
+    def finish(self, rows: Iterable[int]) -> None:
+        """Mask ``rows`` out: their past lengths stop moving (steps still compute them)."""
+        for row in rows:
+            self.live[row] = 0
 
     def reserve_prepared(self) -> None:
         """The buffer of the heads' first results: one row per Medusa head (a schedule whose
@@ -218,7 +266,7 @@ class StaticEngine:
             else self.dtype
         columns = getattr(heads, "draft_vocab_size", heads.vocab_size)
         self._drop_graphs()
-        self.prepared = torch.zeros(rows, columns, dtype=dtype, device=self.device)
+        self.prepared = torch.zeros(self.rows, rows, columns, dtype=dtype, device=self.device)
 
     def _drop_graphs(self) -> None:
         """A buffer the graphs captured the address of is reallocated: every graph is stale.
@@ -230,7 +278,7 @@ class StaticEngine:
         self.graph_memory_bytes = 0
 
     def state_tensors(self) -> list[torch.Tensor]:
-        tensors = [self.pending, self.hidden, self.past_len]
+        tensors = [self.pending, self.hidden, self.past_len, self.live]
         return tensors + ([self.prepared] if self.prepared is not None else [])
 
     def save_state(self) -> list[torch.Tensor]:
@@ -282,11 +330,14 @@ class StaticEngine:
                               fuse=options.fuse_empty and tree.num_nodes == 0)
 
     @torch.inference_mode()
-    def warm_up(self, scheduler: Scheduler, max_context: int, *, fuses_empty: bool = False
-                ) -> None:
-        """Reserve the cache for contexts up to ``max_context`` (prompt + new tokens) and build
-        every step ``scheduler`` may run; with graphs also capture them now, so that decoding
-        never pays a capture (else each step is captured on its first use)."""
+    def warm_up(self, scheduler: Scheduler, max_context: int, *, fuses_empty: bool = False,
+                rows: int | None = None) -> None:
+        """Reserve the cache for contexts up to ``max_context`` (prompt + new tokens; for
+        ``rows`` sequences when given) and build every step ``scheduler`` may run; with graphs
+        also capture them now, so that decoding never pays a capture (else each step is
+        captured on its first use)."""
+        if rows is not None:
+            self.set_rows(rows)
         options = StepOptions.of(scheduler, fuses_empty)
         steps: list[TreeStep | PrepareStep] = [self.step_for(t, options) for t in scheduler.trees]
         self.reserve(max_context + max(step.cache_width for step in steps))
@@ -312,8 +363,9 @@ class StaticEngine:
         return step
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
-        """Run ``prompt`` [P] into an empty cache; set the state; return its last logits [V].
+    def prefill(self, prompt: torch.Tensor, row: int = 0) -> torch.Tensor:
+        """Run ``prompt`` [P] into row ``row``'s cache from slot 0; set the row's state (live
+        again); return its last logits [V].
 
         Not captured (its shape is the prompt's). The pending token is the logits' argmax.
         """
@@ -326,12 +378,14 @@ class StaticEngine:
             kv_len = None
         else:
             mask, kv_len = causal, length
-        hidden = self.net.backbone(self.cache, prompt, positions, positions, mask, kv_len)
+        hidden = self.net.backbone(self.cache[:, :, row], prompt, positions, positions, mask,
+                                   kv_len)
         last = hidden[-1:]
         logits = self.net.logits(last)[0]
-        self.pending.copy_(logits.argmax().reshape(1))
-        self.hidden.copy_(last)
-        self.past_len.fill_(length)
+        self.pending[row] = logits.argmax()
+        self.hidden[row] = last[0]
+        self.past_len[row] = length
+        self.live[row] = 1
         return logits
 
     @torch.inference_mode()
@@ -504,108 +558,131 @@ class TreeStep:
         device = engine.device
         path_width = plan.depth + 1
         padding = width - plan.size
+        self.rows = engine.rows
         self.slots = torch.arange(width, device=device)  # [w] cache slot offsets
         # [w] rotary position offsets: node depths, then the root's for the padding rows
         self.depths = torch.cat([plan.depths, plan.depths.new_zeros(padding)])
         self.tree_mask = plan.padded_tree_mask(width)  # [w, w] bool
         self.keep_slots = torch.arange(path_width, device=device)  # [D+1]
         self.root_only = self.slots[: plan.size] == 0  # [q] bool
-        # One buffer, so one host read per step: [length, next token, path tokens (D+1)] as
-        # int64, then the float32 entropies (D+2) in the words after them.
-        self.out, self.out_ints, self.out_floats = _readback_buffer(2 + path_width,
-                                                                    path_width + 1, device)
+        self.row_index = torch.arange(self.rows, device=device)  # [rows]
+        self.ones = torch.ones(self.rows, dtype=torch.int64, device=device)  # [rows]
+        self.root_path = torch.zeros(self.rows, 1, dtype=torch.int64, device=device)  # [rows, 1]
+        # One buffer, so one host read per step; per row [length, next token, path tokens
+        # (D+1)] as int64, then the float32 entropies (D+2) in the words after them.
+        self.out, self.out_ints, self.out_floats = _readback_buffer(
+            2 + path_width, path_width + 1, device, self.rows)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
         self.capture_error: str | None = None  # why its capture failed: it runs without graphs
 
-    def readback(self) -> StepReadback:
-        """The host's one read of the step's outputs (the only sync of a step)."""
-        ints, floats = _read(self.out, len(self.out_ints), len(self.out_floats))
-        length = ints[0]
-        return StepReadback(
-            length=length, next_token=ints[1], path_tokens=ints[2 : 2 + length],
-            base_entropies=floats[:length] if self.base_entropy else [],
-            draft_entropy=floats[-1] if self.prepare_depth else math.nan,
-        )
+    def readback(self) -> list[StepReadback]:
+        """The host's one read of the step's outputs (the only sync of a step), per row."""
+        ints, floats = _read(self.out, self.out_ints.shape[1], self.out_floats.shape[1])
+        return [
+            StepReadback(
+                length=row_ints[0], next_token=row_ints[1],
+                path_tokens=row_ints[2 : 2 + row_ints[0]],
+                base_entropies=row_floats[: row_ints[0]] if self.base_entropy else [],
+                draft_entropy=row_floats[-1] if self.prepare_depth else math.nan,
+            )
+            for row_ints, row_floats in zip(ints, floats, strict=True)
+        ]
 
     # The phases: ``body`` runs them in a row; a timed run syncs between them.
     def draft(self) -> torch.Tensor:
-        """Tokens [q] of the tree's nodes, root first."""
+        """Tokens [rows, q] of the tree's nodes, root first."""
         engine, plan = self.engine, self.plan
         if plan.depth == 0:
-            return engine.pending
+            return engine.pending[:, None]
         prepared = (engine.drafter.prepared_view(engine.prepared, self.prepare_depth)
                     if self.prepare_depth else None)
         return engine.drafter.draft(plan, engine.pending, engine.hidden, prepared)
 
     def verify(self, tokens: torch.Tensor, past_len: int | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Hidden states [w, H] and logits [w, V] of the tree's ``tokens`` [q] and the padding
-        rows (w = q unpadded); when fused also the next step's prepared heads
-        [prepare_depth, V]."""
+        """Hidden states [rows, w, H] and logits [rows, w, V] of the tree's ``tokens``
+        [rows, q] and the padding rows (w = q unpadded); when fused also the next step's
+        prepared heads [rows, prepare_depth, V']. ``past_len``: the longest row's past length
+        (the filled window reads the slots before it and the step's)."""
         engine = self.engine
-        past = engine.past_len
+        past = engine.past_len  # [rows]
         mask, kv_len = self._mask(past_len)
         padding = self.width - self.plan.size
         if padding:  # any valid token: the pending one (the root's)
-            tokens = torch.cat([tokens, engine.pending.expand(padding)])
-        hidden = engine.net.backbone(engine.cache, tokens, self.depths + past, self.slots + past,
+            tokens = torch.cat([tokens, engine.pending[:, None].expand(self.rows, padding)],
+                               dim=1)
+        # One row writes one set of slots (index_copy); several, each row its own (scatter).
+        slots = self.slots + past if self.rows == 1 else self.slots + past[:, None]
+        hidden = engine.net.backbone(engine.cache, tokens, self.depths + past[:, None], slots,
                                      mask, kv_len)
         if self.fuse:
-            logits, prepared = engine.drafter.project_with_base(hidden, self.prepare_depth)
-            return hidden, logits, prepared.logits
-        return hidden, engine.net.logits(hidden), None
+            logits, prepared = engine.drafter.project_with_base(hidden[:, 0], self.prepare_depth)
+            return hidden, logits[:, None], prepared.logits
+        return hidden, engine.net.logits(hidden.flatten(0, 1)).unflatten(0, hidden.shape[:2]), \
+            None
 
     def _mask(self, past_len: int | None) -> tuple[torch.Tensor | None, int | None]:
+        """The attention mask [rows, w, kv] (bool, or the plan's additive one for one row on
+        the filled window) and the slots read (None: the whole cache)."""
         engine, width = self.engine, self.width
+        columns = engine.columns
+        kv_len = None
         if not engine.full_window:
             if past_len is None:
                 raise EntmtpError("a filled-window step needs the host's past length")
-            if width == 1:
-                return None, past_len + 1
-            return (self.plan.attention_mask(past_len, engine.dtype, width)[0, 0],
-                    past_len + width)
-        relative = engine.columns - engine.past_len  # [capacity]: slot - past length
+            kv_len = past_len + width
+            if self.rows == 1:
+                if width == 1:
+                    return None, kv_len
+                return self.plan.attention_mask(past_len, engine.dtype, width)[0], kv_len
+            columns = columns[:kv_len]
+        relative = columns[None, :] - engine.past_len[:, None]  # [rows, kv]: slot - past
         in_tree = (relative >= 0) & (relative < width)
-        tree_part = self.tree_mask.index_select(1, relative.clamp(0, width - 1))
-        return (relative < 0)[None, :] | (tree_part & in_tree[None, :]), None
+        tree_part = self.tree_mask.index_select(1, relative.clamp(0, width - 1).flatten())
+        tree_part = tree_part.unflatten(1, relative.shape).transpose(0, 1)  # [rows, w, kv]
+        return (relative < 0)[:, None, :] | (tree_part & in_tree[:, None, :]), kv_len
 
     def accept(self, tokens: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
                prepared: torch.Tensor | None) -> None:
-        """Greedy acceptance, compaction, outputs and the state update (tensor ops only)."""
+        """Greedy acceptance, compaction, outputs and the state update of every row (tensor
+        ops only)."""
         engine, plan = self.engine, self.plan
-        logits = logits[: plan.size]  # [q]: the padding rows are never accepted
-        argmax = logits.argmax(dim=-1)  # [q]
+        logits = logits[:, : plan.size]  # [rows, q]: the padding rows are never accepted
+        argmax = logits.argmax(dim=-1)  # [rows, q]
         if plan.num_nodes == 0:
-            length = self.out_ints.new_ones(1)
-            path = self.keep_slots  # [1]: the root
-            next_token = argmax
-            leaf_hidden = hidden
+            length = self.ones  # [rows]
+            path = self.root_path  # [rows, 1]: the root
+            next_token = argmax[:, 0]
+            leaf_hidden = hidden[:, 0]
         else:
-            node_ok = (tokens == argmax[plan.parents]) | self.root_only
-            rows = node_ok[plan.retrieve] & plan.retrieve_valid  # [leaves, D+1]
-            lengths = rows.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [leaves]
-            best = lengths.argmax().reshape(1)  # the first longest, as greedy_accept
-            length = lengths.index_select(0, best)  # [1]
-            path = plan.retrieve.index_select(0, best)[0]  # [D+1], 0-padded
-            leaf = path.gather(0, length - 1)  # [1]
-            next_token = argmax.index_select(0, leaf)
-            leaf_hidden = hidden.index_select(0, leaf)
+            node_ok = (tokens == argmax[:, plan.parents]) | self.root_only  # [rows, q]
+            ok = node_ok[:, plan.retrieve] & plan.retrieve_valid  # [rows, leaves, D+1]
+            lengths = ok.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [rows, leaves]
+            best = lengths.argmax(dim=1)  # [rows]: each row's first longest, as greedy_accept
+            length = lengths.gather(1, best[:, None])[:, 0]  # [rows]
+            path = plan.retrieve.index_select(0, best)  # [rows, D+1], 0-padded
+            leaf = path.gather(1, (length - 1)[:, None])[:, 0]  # [rows]
+            next_token = argmax[self.row_index, leaf]
+            leaf_hidden = hidden[self.row_index, leaf]
             compact_static_cache(engine.cache, engine.past_len, path, self.keep_slots)
-        self.out_ints.copy_(torch.cat([length, next_token, tokens.index_select(0, path)]))
+        self.out_ints.copy_(torch.cat([length[:, None], next_token[:, None],
+                                       tokens.gather(1, path)], dim=1))
         width = plan.depth + 1
         if self.base_entropy:
-            self.out_floats[:width].copy_(entropy_from_logits(logits.index_select(0, path)))
+            self.out_floats[:, :width].copy_(
+                entropy_from_logits(logits[self.row_index[:, None], path]))
         if prepared is not None:
-            _store_prepared(engine, prepared, self.out_floats[width:])
+            _store_prepared(engine, prepared, self.out_floats[:, width:])
         engine.pending.copy_(next_token)
         engine.hidden.copy_(leaf_hidden)
-        engine.past_len.add_(length[0])
+        engine.past_len.add_(length * engine.live)
 
     def prepare_next(self) -> None:
         """The heads' first results at the new state (unless fused into ``verify``)."""
         if self.prepare_depth and not self.fuse:
-            _prepare_into(self.engine, self.prepare_depth, self.out_floats[self.plan.depth + 1:])
+            _prepare_into(self.engine, self.prepare_depth,
+                          self.out_floats[:, self.plan.depth + 1 :])
 
     def body(self, past_len: int | None) -> None:
         tokens = self.draft()
@@ -637,7 +714,8 @@ class PrepareStep:
         self.max_depth = int(max_depth)
         self.name = "prepare"
         self.cache_width = 0
-        self.out_floats = torch.zeros(1, dtype=torch.float32, device=engine.device)
+        self.out_floats = torch.zeros(engine.rows, 1, dtype=torch.float32,
+                                      device=engine.device)  # [rows, 1]
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_generation = -1
         self.capture_error: str | None = None  # why its capture failed: it runs without graphs
@@ -645,8 +723,9 @@ class PrepareStep:
     def body(self, past_len: int | None) -> None:
         _prepare_into(self.engine, self.max_depth, self.out_floats)
 
-    def readback(self) -> float:
-        return self.out_floats.tolist()[0]
+    def readback(self) -> list[float]:
+        """Head 1's entropy at each row's state."""
+        return self.out_floats[:, 0].tolist()
 
 
 def check_padding(padded_nodes: Mapping[int, int] | None) -> dict[int, int]:
@@ -668,22 +747,23 @@ def padding_note(padded_nodes: Mapping[int, int]) -> str:
     return f"; trees verified at padded widths: {summary}" if summary else ""
 
 
-def _readback_buffer(num_ints: int, num_floats: int, device: torch.device
+def _readback_buffer(num_ints: int, num_floats: int, device: torch.device, rows: int = 1
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An int64 buffer [num_ints + ceil(num_floats / 2)], its int64 view [num_ints] and a
-    float32 view [num_floats] of the words after those (nan-filled): a step writes both, the
-    host copies the one buffer."""
-    buffer = torch.zeros(num_ints + -(-num_floats // 2), dtype=torch.int64, device=device)
-    floats = buffer[num_ints:].view(torch.float32)[:num_floats]
+    """An int64 buffer [rows, num_ints + ceil(num_floats / 2)], its int64 view
+    [rows, num_ints] and a float32 view [rows, num_floats] of the words after those
+    (nan-filled): a step writes both, the host copies the one buffer."""
+    buffer = torch.zeros(rows, num_ints + -(-num_floats // 2), dtype=torch.int64, device=device)
+    floats = buffer[:, num_ints:].view(torch.float32)[:, :num_floats]
     floats.fill_(math.nan)
-    return buffer, buffer[:num_ints], floats
+    return buffer, buffer[:, :num_ints], floats
 
 
-def _read(buffer: torch.Tensor, num_ints: int, num_floats: int) -> tuple[list[int], list[float]]:
-    """One device-to-host copy of a ``_readback_buffer``: its ints and its floats."""
+def _read(buffer: torch.Tensor, num_ints: int, num_floats: int
+          ) -> tuple[list[list[int]], list[list[float]]]:
+    """One device-to-host copy of a ``_readback_buffer``: each row's ints and floats."""
     words = buffer.cpu().numpy()
-    return (words[:num_ints].tolist(),
-            words[num_ints:].view(np.float32)[:num_floats].tolist())
+    floats = np.ascontiguousarray(words[:, num_ints:]).view(np.float32)[:, :num_floats]
+    return words[:, :num_ints].tolist(), floats.tolist()
 
 
 def _host_ms() -> float:
@@ -697,26 +777,28 @@ def _first_line(error: BaseException) -> str:
 
 def _prepare_into(engine: StaticEngine, max_depth: int, entropy_out: torch.Tensor) -> None:
     """``prepare`` at the engine's state into its prepared buffer; head 1's entropy into
-    ``entropy_out`` [1]."""
+    ``entropy_out`` [rows, 1]."""
     prepared = engine.drafter.prepare(engine.pending, engine.hidden, max_depth)
     _store_prepared(engine, prepared.logits, entropy_out)
 
 
 def _store_prepared(engine: StaticEngine, logits: torch.Tensor, entropy_out: torch.Tensor) -> None:
-    engine.prepared[: logits.shape[0]].copy_(logits)
-    entropy_out.copy_(entropy_from_logits(logits[:1]))
+    """``logits`` [rows, depth, V'] into the prepared buffer; head 1's entropies into
+    ``entropy_out`` [rows, 1]."""
+    engine.prepared[:, : logits.shape[1]].copy_(logits)
+    entropy_out.copy_(entropy_from_logits(logits[:, :1]))
 
 
 class StaticDecoding:
-    """Greedy decoding on ``engine``'s static steps as the loop's engine (``_loop.decode``); the
-    eager decoder's results and logs.
+    """Greedy decoding on ``engine``'s static steps as the loop's engine (``_loop.decode_batch``)
+    for one or several rows; the eager decoder's results and logs.
 
     ``fuse_empty``: the heads fuse with the base projection (``fuses_with_base``). Without
     ``breakdown`` a step is timed by host clock reads with no device sync beyond its readback,
     and its time from launch to readback (and the host's cut and observations after it) is
     logged as ``verify_ms``, choosing the tree as ``bookkeeping_ms``; with it, each phase is
     timed with a device sync in between (uncaptured), as the eager runtime logs it. A step
-    commits its whole accepted path: the loop cuts drafts only on a generation's last step.
+    commits its whole accepted path: the loop cuts drafts only on a row's last step.
     """
 
     def __init__(self, engine: StaticEngine, *, fuse_empty: bool = False,
@@ -726,15 +808,17 @@ class StaticDecoding:
         self.breakdown = breakdown
         self.options = StepOptions(base_entropy=False, prepare_depth=0, fuse_empty=False)
         self._sync: Callable[[], None] | None = None
-        self._past_len = 0  # the host's copy of the engine's past length
-        self._draft_entropy = math.nan  # head 1's entropy at the next step's state
-        self._out: StepReadback | None = None
+        self._past_len: list[int] = []  # the host's copy of each row's past length
+        self._draft_entropy: list[float] = []  # head 1's entropy at each row's next state
+        self._out: list[StepReadback] = []
 
-    def begin(self, prompt: torch.Tensor, scheduler: Scheduler, max_new_tokens: int) -> None:
+    def begin(self, prompts: Sequence[torch.Tensor], scheduler: Scheduler,
+              max_new_tokens: int) -> None:
         engine = self.engine
         self.options = StepOptions.of(scheduler, self.fuse_empty)
-        engine.warm_up(scheduler, int(prompt.shape[0]) + max_new_tokens,
-                       fuses_empty=self.fuse_empty)
+        longest = max(int(prompt.shape[0]) for prompt in prompts)
+        engine.warm_up(scheduler, longest + max_new_tokens, fuses_empty=self.fuse_empty,
+                       rows=len(prompts))
         self._sync = torch.cuda.synchronize if engine.device.type == "cuda" else None
 
     def now(self) -> float:
@@ -745,50 +829,62 @@ class StaticDecoding:
             self._sync()
         return self.now()
 
-    def prefill(self, prompt: torch.Tensor) -> Prefilled:
+    def prefill(self, prompts: Sequence[torch.Tensor]) -> list[Prefilled]:
         engine, options = self.engine, self.options
-        last_logits = engine.prefill(prompt)
-        self._past_len = int(prompt.shape[0])
-        self._draft_entropy = math.nan
+        firsts = []
+        for row, prompt in enumerate(prompts):
+            last_logits = engine.prefill(prompt, row)
+            if options.base_entropy:  # one read for both
+                h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
+                                         last_logits.argmax().float()]).tolist()
+            else:
+                first, h0 = int(last_logits.argmax()), math.nan
+            firsts.append(Prefilled(int(first), h0))
+        self._past_len = [int(prompt.shape[0]) for prompt in prompts]
+        self._draft_entropy = [math.nan] * len(prompts)
         if options.prepare_depth:
             preparing = engine.prepare_step(options.prepare_depth)
-            engine.run(preparing, self._past_len)
+            engine.run(preparing, max(self._past_len))
             self._draft_entropy = preparing.readback()
-        if options.base_entropy:  # one read for both
-            h0, first = torch.stack([entropy_from_logits(last_logits[None])[0].float(),
-                                     last_logits.argmax().float()]).tolist()
-        else:
-            first, h0 = int(last_logits.argmax()), math.nan
-        return Prefilled(int(first), h0)
+        return firsts
 
     def prepare_draft(self) -> None:
         """Nothing: the previous step (or the prefill) prepared this state."""
 
-    def draft_entropy(self) -> float:
+    def draft_entropy(self) -> list[float]:
         return self._draft_entropy
 
     def step_for(self, tree: Tree) -> TreeStep:
         return self.engine.step_for(tree, self.options)
 
-    def run(self, step: TreeStep) -> StepRun:
+    def run(self, step: TreeStep) -> list[StepRun]:
         draft_ms = verify_ms = accept_ms = 0.0
+        longest = max(self._past_len)
         if self.breakdown:
-            draft_ms, verify_ms, accept_ms = step.timed(self._past_len, self._synced_now)
+            draft_ms, verify_ms, accept_ms = step.timed(longest, self._synced_now)
         else:
-            self.engine.run(step, self._past_len)
-        out = self._out = step.readback()
-        self._draft_entropy = out.draft_entropy
-        return StepRun(out.path_tokens, out.next_token, draft_ms, verify_ms, accept_ms)
+            self.engine.run(step, longest)
+        outs = self._out = step.readback()
+        self._draft_entropy = [out.draft_entropy for out in outs]
+        return [StepRun(out.path_tokens, out.next_token, draft_ms, verify_ms, accept_ms)
+                for out in outs]
 
-    def commit(self, kept: int) -> None:
-        self._past_len += self._out.length  # the step kept its whole path in the cache
+    def commit(self, kept: Sequence[int]) -> None:
+        # A live row kept its whole path in the cache; a finished row's past stays.
+        for row, count in enumerate(kept):
+            if count:
+                self._past_len[row] += self._out[row].length
 
-    def base_entropies(self, kept: int) -> list[float]:
-        return self._out.base_entropies[:kept]
+    def base_entropies(self, kept: Sequence[int]) -> list[list[float]]:
+        return [out.base_entropies[:count] for out, count in zip(self._out, kept, strict=True)]
 
-    def phase_times(self, marks: StepMarks, run: StepRun) -> PhaseTimes:
+    def finish(self, rows: Sequence[int]) -> None:
+        self.engine.finish(rows)
+
+    def phase_times(self, marks: StepMarks, runs: Sequence[StepRun]) -> PhaseTimes:
         if not self.breakdown:
             return PhaseTimes(0.0, marks.done - marks.chosen, marks.chosen - marks.start)
+        run = runs[0]  # the step's phases, the same in every row's result
         accept_ms = run.accept_ms
         accept_ms += marks.done - marks.chosen - (run.draft_ms + run.verify_ms + accept_ms)
         return PhaseTimes(run.draft_ms, run.verify_ms, (marks.chosen - marks.start) + accept_ms)

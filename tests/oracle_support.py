@@ -162,7 +162,37 @@ def rt() -> SimpleNamespace:
         greedy_reference=greedy_reference,
         causal_forward=causal_forward,
         OracleHeads=OracleHeads,
+        BatchOracleHeads=BatchOracleHeads,
         random_ranks=random_ranks,
         random_tree=random_tree,
         oracle_profile=oracle_profile,
     )
+
+
+class BatchOracleHeads(torch.nn.Module):
+    """``OracleHeads`` of several sequences as one set of heads for a batch: each row's hidden
+    state is answered by the oracle of the sequence it lies on (the nearest reference). A row
+    on no sequence (a finished row the batch still computes) gets fixed logits."""
+
+    def __init__(self, oracles: list[OracleHeads]) -> None:
+        super().__init__()
+        first = oracles[0]
+        self.oracles = list(oracles)
+        self.head_type, self.num_heads, self.topk = first.head_type, first.num_heads, first.topk
+        self.vocab_size, self.hidden_size = first.vocab_size, first.hidden_size
+        self.calls: list[tuple[int, int]] = []
+
+    def head_logits(self, depth: int, hidden: torch.Tensor, prefix_tokens: torch.Tensor | None):
+        self.calls.append((depth, hidden.shape[0]))
+        distances = torch.stack([
+            torch.cdist(hidden.float(), oracle.reference_hidden.float(),
+                        compute_mode="donot_use_mm_for_euclid_dist").min(dim=-1).values
+            for oracle in self.oracles])  # [oracles, N]
+        owner = distances.argmin(dim=0).tolist()
+        on_path = (distances.min(dim=0).values < 1e-3).tolist()
+        fixed = -torch.arange(self.vocab_size, dtype=torch.float32)[None]
+        return torch.cat([
+            self.oracles[o].head_logits(depth, hidden[n : n + 1],
+                                        None if prefix_tokens is None else prefix_tokens[n : n + 1])
+            if on_path[n] else fixed
+            for n, o in enumerate(owner)])

@@ -36,7 +36,7 @@ from ._run import (
     report_markdown,
     search,
 )
-from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule, batch_estimate
 from ._storage import open_storage
 from ._synthetic import synthetic_profile
 from ._tree import Tree
@@ -82,6 +82,7 @@ _LAYER_API = [
     "BASE_ENTROPY",
     "DRAFT_ENTROPY",
     "EXPORT_FORMATS",
+    "batch_estimate",
     "EntropyEstimator",
     "MAX_TREE_NODES",
     "Replayer",

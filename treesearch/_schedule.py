@@ -9,6 +9,11 @@ Signals:
   the tree is chosen. Only step positions have one, so it is used as is (the ``last``
   estimator): smoothing it would depend on where earlier steps landed.
 
+A batch of sequences verifies one tree per step (every row the same tree, so the step keeps one
+shape): the tree of the mean of the estimates of the rows still decoding (``batch_estimate``).
+The mean is each row's estimator's value, unweighted: a row near the end of its generation
+counts as much as one at its start.
+
 Tree ``i`` serves estimates in ``[t_{i-1}, t_i)`` (``t_{-1} = -inf``, ``t_{len} = +inf``), i.e.
 ``tree_index(e) = bisect_right(thresholds, e)``. Thresholds may repeat: ``t_{i-1} == t_i`` is an
 empty interval, so tree ``i`` is never chosen (a bundle may say so, and converting a bundle's
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +46,8 @@ def check_signal(signal: str, estimator: EntropyEstimator) -> None:
         raise EntmtpError(f"entropy signal {signal!r} is unknown: use one of {', '.join(SIGNALS)}")
     if signal == DRAFT_ENTROPY and estimator.kind != "last":
         raise EntmtpError(
-            f"the draft_entropy signal is seen once per step, so it cannot be smoothed by "
-            f"{estimator.describe()}: use the 'last' estimator"
+            f"the draft_entropy signal is seen once per step, so it cannot be smoothed (given: "
+            f"{estimator.describe()}): use the 'last' estimator"
         )
 
 
@@ -80,6 +86,16 @@ def check_thresholds(
             )
         out.append(value)
     return tuple(out)
+
+
+def batch_estimate(estimates: Sequence[float]) -> float:
+    """The estimate a batch's step chooses its one tree from: the mean of its live rows'
+    estimates (one row: its own, exactly)."""
+    if len(estimates) == 0:
+        raise EntmtpError("a batch step needs the estimate of at least one live row")
+    if len(estimates) == 1:
+        return float(estimates[0])
+    return math.fsum(float(e) for e in estimates) / len(estimates)
 
 
 @dataclass(frozen=True)

@@ -441,7 +441,7 @@ def _fresh_outcome(model, heads, prompt, tree, *, topk, capacity):
         engine.prefill(prompt)
         step = engine.tree_step(tree, base_entropy=True)
         engine.run(step, len(prompt))
-        return step.out_ints.tolist(), step.out_floats.tolist()
+        return step.out_ints[0].tolist(), step.out_floats[0].tolist()
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -507,7 +507,8 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
                                                      steps.states[key[2]], strict=True))
         step = steps.step(key)
         if key[0] in ("tree", "padded"):
-            outputs.setdefault(key, []).append((step.out_ints.tolist(), step.out_floats.tolist()))
+            outputs.setdefault(key, []).append((step.out_ints[0].tolist(),
+                                                step.out_floats[0].tolist()))
         return elapsed
 
     monkeypatch.setattr(_latency_profile._StepTimer, "time",

@@ -241,6 +241,69 @@ def test_compaction_equals_brute_force():
                                    expected[..., : past + length, :], rtol=0, atol=0)
 
 
+def test_batched_compaction_compacts_each_row_at_its_own_past():
+    """Rows at different past lengths with different paths: each row as the one-row
+    compaction moves it (bitwise), the other rows untouched."""
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        rows, q, depth = int(rng.integers(1, 5)), int(rng.integers(2, 9)), 3
+        pasts = rng.integers(0, 6, size=rows)
+        cache = torch.randn(2, 2, rows, 3, int(pasts.max()) + q + 3, 4)
+        paths = []
+        for _row in range(rows):
+            length = int(rng.integers(1, min(depth, q - 1) + 2))
+            path = [0, *sorted(rng.choice(np.arange(1, q), size=length - 1,
+                                          replace=False).tolist())]
+            paths.append(path + [0] * (depth + 1 - len(path)))
+        expected = cache.clone()
+        for row in range(rows):
+            compact_static_cache(expected[:, :, row], torch.tensor(int(pasts[row])),
+                                 torch.tensor(paths[row]), torch.arange(depth + 1))
+        compact_static_cache(cache, torch.tensor(pasts), torch.tensor(paths),
+                             torch.arange(depth + 1))
+        assert torch.equal(cache, expected)
+
+
+def test_per_row_slots_write_and_read_each_row_at_its_own_past(rt):
+    """A batch whose rows sit at different past lengths (slots [batch, q]) gives each row's
+    hidden states and cache as the row alone at its own slots."""
+    model = rt.sharp_llama(4)
+    static = StaticLlama(model)
+    rng = np.random.default_rng(2)
+    lengths = [5, 2, 9]
+    tree = rt.random_tree(rng, 6, depth=3, topk=3)
+    plan = tree_plan(tree, 3)
+    capacity = max(lengths) + plan.size
+    tokens = torch.tensor(rng.integers(0, 96, size=(len(lengths), plan.size)))
+    with torch.inference_mode():
+        batch_cache = static.new_cache(capacity, batch=len(lengths))
+        alone_caches = []
+        for row, length in enumerate(lengths):
+            prompt = torch.tensor(rng.integers(0, 96, size=length))
+            positions = torch.arange(length)
+            causal = torch.ones(length, length, dtype=torch.bool).tril()
+            static.backbone(batch_cache[:, :, row], prompt, positions, positions, causal, length)
+            alone = static.new_cache(capacity)
+            static.backbone(alone, prompt, positions, positions, causal, length)
+            alone_caches.append(alone)
+        past = torch.tensor(lengths)
+        columns = torch.arange(capacity)
+        relative = columns[None] - past[:, None]
+        tree_part = plan.tree_mask[:, relative.clamp(0, plan.size - 1)].transpose(0, 1)
+        mask = (relative < 0)[:, None] | (tree_part & ((relative >= 0)
+                                                      & (relative < plan.size))[:, None])
+        slots = torch.arange(plan.size) + past[:, None]
+        hidden = static.backbone(batch_cache, tokens, plan.depths + past[:, None], slots, mask,
+                                 None)
+        for row, length in enumerate(lengths):
+            alone = static.backbone(alone_caches[row], tokens[row], plan.depths + length,
+                                    torch.arange(plan.size) + length, mask[row], None)
+            torch.testing.assert_close(hidden[row], alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(batch_cache[:, :, row, ..., : length + plan.size, :],
+                                       alone_caches[row][..., : length + plan.size, :],
+                                       rtol=1e-5, atol=1e-5)
+
+
 def test_cpu_linears_keep_the_row_kernels(rt, monkeypatch):
     import entmtp.model._row_gemm as row_gemm
 

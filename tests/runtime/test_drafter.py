@@ -30,7 +30,7 @@ def test_drafted_tokens_equal_per_node_reference(rt, head_type):
         hidden = torch.randn(1, heads.hidden_size, generator=generator)
         root = torch.tensor([int(rng.integers(0, heads.vocab_size))])
         with torch.inference_mode():
-            tokens = drafter.draft(plan, root, hidden).tolist()
+            tokens = drafter.draft(plan, root, hidden)[0].tolist()
             assert tokens[0] == int(root)
             for node, path in enumerate(tree.paths, start=1):
                 depth = len(path)
@@ -41,6 +41,40 @@ def test_drafted_tokens_equal_per_node_reference(rt, head_type):
                 k = plan.topk[depth - 1]
                 expected = int(torch.topk(logits[0], k).indices[path[-1]])
                 assert tokens[node] == expected, (trial, path)
+
+
+@pytest.mark.parametrize(("head_type", "shared"),
+                         [("medusa", True), ("medusa", False), ("hydra", True)])
+def test_a_batch_drafts_every_row_as_it_drafts_alone(rt, head_type, shared):
+    """Rows drafted together (prepared, fused or not) give each row's tokens and prepared
+    logits drafted alone."""
+    model = rt.sharp_llama(7)
+    heads = _noisy_heads(model, head_type, shared_lm_head=shared)
+    drafter = TreeDrafter(heads)
+    rng = np.random.default_rng(11)
+    generator = torch.Generator().manual_seed(12)
+    for trial in range(6):
+        tree = rt.random_tree(rng, int(rng.integers(0, 30)), depth=1 + trial % 4, topk=5)
+        plan = tree_plan(tree, 5 if trial % 2 else [6, 5, 5, 5])
+        rows = 1 + trial % 4
+        hidden = torch.randn(rows, heads.hidden_size, generator=generator)
+        root = torch.tensor(rng.integers(0, heads.vocab_size, size=rows))
+        with torch.inference_mode():
+            prepared = drafter.prepare(root, hidden, max_depth=4)
+            together = drafter.draft(plan, root, hidden)
+            assert together.shape == (rows, plan.size)
+            assert torch.equal(drafter.draft(plan, root, hidden, prepared), together)
+            if fuses_with_base(model, heads):
+                base, fused = drafter.project_with_base(hidden, 4)
+                torch.testing.assert_close(fused.logits, prepared.logits, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(base, model.get_output_embeddings()(hidden),
+                                           rtol=1e-5, atol=1e-5)
+            for row in range(rows):
+                alone = drafter.prepare(root[row : row + 1], hidden[row : row + 1], 4)
+                torch.testing.assert_close(prepared.logits[row : row + 1], alone.logits,
+                                           rtol=1e-5, atol=1e-5)
+                assert together[row].tolist() == drafter.draft(
+                    plan, root[row : row + 1], hidden[row : row + 1])[0].tolist(), (trial, row)
 
 
 def test_unknown_head_type_is_rejected():
@@ -75,11 +109,11 @@ def test_prepared_drafting_equals_unprepared(rt, head_type, shared):
         root = torch.tensor([int(rng.integers(0, heads.vocab_size))])
         with torch.inference_mode():
             prepared = drafter.prepare(root, hidden, max_depth=4)
-            assert drafter.draft(plan, root, hidden, prepared).tolist() == \
-                drafter.draft(plan, root, hidden).tolist(), (trial, tree)
+            assert drafter.draft(plan, root, hidden, prepared)[0].tolist() == \
+                drafter.draft(plan, root, hidden)[0].tolist(), (trial, tree)
             prefix = root.reshape(1, 1) if head_type == "hydra" else None
             head1 = heads.head_logits(1, hidden, prefix)[0]
-            torch.testing.assert_close(prepared.first_logits, head1, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(prepared.first_logits[0], head1, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
@@ -94,10 +128,10 @@ def test_a_prepared_buffer_serves_every_depth_as_prepare_gives_it(rt, head_type)
     root = torch.tensor([11])
     distinct = set()
     with torch.inference_mode():
-        buffer = torch.zeros(drafter.prepared_rows, heads.vocab_size)
+        buffer = torch.zeros(1, drafter.prepared_rows, heads.vocab_size)
         for depth in range(1, heads.num_heads + 1):
             prepared = drafter.prepare(root, hidden, depth)
-            buffer[: prepared.logits.shape[0]].copy_(prepared.logits)
+            buffer[:, : prepared.logits.shape[1]].copy_(prepared.logits)
             view = drafter.prepared_view(buffer, depth)
             assert view.depth == prepared.depth >= depth
             assert torch.equal(view.logits, prepared.logits)
@@ -222,13 +256,13 @@ def test_a_draft_vocabulary_drafts_the_full_top_k_masked_to_it(rt, head_type, sh
     drafter = TreeDrafter(heads)
     with torch.inference_mode():
         for trial, (tree, plan, hidden, root) in enumerate(cases):
-            tokens = drafter.draft(plan, root, hidden).tolist()
+            tokens = drafter.draft(plan, root, hidden)[0].tolist()
             prepared = drafter.prepare(root, hidden, max_depth=4)
-            assert drafter.draft(plan, root, hidden, prepared).tolist() == tokens
+            assert drafter.draft(plan, root, hidden, prepared)[0].tolist() == tokens
             if fuses_with_base(model, heads):
                 _, fused = drafter.project_with_base(hidden, 4)
                 torch.testing.assert_close(fused.logits, prepared.logits, rtol=1e-5, atol=1e-5)
-                assert drafter.draft(plan, root, hidden, fused).tolist() == tokens
+                assert drafter.draft(plan, root, hidden, fused)[0].tolist() == tokens
             for node, path in enumerate(tree.paths, start=1):
                 depth = len(path)
                 prefix = torch.tensor([[tokens[tree.index(path[:d]) if d else 0]

@@ -745,7 +745,7 @@ def test_padding_rows_change_no_real_row_and_compaction_ignores_them(rt, setup):
             engine.cache[..., past:, :] = 0.0
             step = engine.tree_step(tree, base_entropy=True, width=width)
             engine.run(step, past)
-            out = step.readback()
+            out = step.readback()[0]
             cache = engine.cache.clone()
             results[width] = (out, cache, [t.clone() for t in engine.state_tensors()])
         out, cache, after = results[12]
@@ -767,6 +767,25 @@ def test_padding_rows_change_no_real_row_and_compaction_ignores_them(rt, setup):
             engine.tree_step(TREES["empty"], width=4)
     with pytest.raises(EntmtpError, match="padding 3 -> 2 nodes"):
         SpeculativeDecoder(model, heads, topk=TOPK, padded_nodes={3: 2})
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "hydra"])
+def test_batched_steps_never_read_a_tensor_on_the_host(rt, setup, head_type, forbid_host_sync):
+    """Three rows at different past lengths, one finished: the same graph-safe ops."""
+    model, _ = setup
+    heads = _noisy_heads(model, head_type)
+    decoder = SpeculativeDecoder(model, heads, topk=TOPK, window="full")
+    engine = decoder.static_engine
+    engine.set_rows(3)
+    engine.reserve(128)
+    engine.reserve_prepared()
+    for row, prompt in enumerate(PROMPTS):
+        engine.prefill(torch.tensor(prompt), row)
+    engine.finish([1])
+    steps = _every_step_variant(engine, head_type)
+    steps.append(engine.tree_step(TREES["deep"], base_entropy=True, width=16))
+    _run_as_captured(steps, forbid_host_sync)
+    assert int(engine.past_len[1]) == len(PROMPTS[1])
 
 
 @pytest.mark.parametrize("head_type", ["medusa", "hydra"])
