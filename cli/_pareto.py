@@ -6,34 +6,30 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from entmtp.calibrate import RunDir, load_acceptance, load_front, search_stage
 from entmtp.core import EntmtpError, all_or_none, read_json
 from entmtp.treesearch import Profile, SearchSettings, Tree, load_bundle
 
 from ._errors import user_errors
+from ._front_summary import (
+    STATIC_NOTE,
+    FrontView,
+    bucket_label,
+    bucket_table,
+    entropy_range,
+    front_table,
+    load_view,
+    plot_inputs,
+    replay_table,
+    schedule_heading,
+    schedule_table,
+    summary_rows,
+)
 from ._model_setup import FORCE_OPTION
 from ._plots import check_plots, plot_acceptance_curves, plot_fronts, plot_tree
 from ._progress import ConsoleReporter
 from ._typer_app import app
-
-
-def _front_table(title: str, front: list[dict]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for name in ("nodes", "depth", "accept len", "latency ms", "tokens/s", "source"):
-        table.add_column(name, justify="right" if name != "source" else "left")
-    for c in front:
-        tps = 1000.0 * c["expected_accept_length"] / c["latency_ms"] if c["latency_ms"] else 0.0
-        table.add_row(str(c["num_nodes"]), str(c["depth"]), f"{c['expected_accept_length']:.3f}",
-                      f"{c['latency_ms']:.2f}", f"{tps:.2f}", c.get("source", ""))
-    return table
-
-
-def _bucket_label(edges: list[float], index: int) -> str:
-    low = edges[index - 1] if index > 0 else float("-inf")
-    high = edges[index] if index < len(edges) else float("inf")
-    return f"entropy [{low:.2f}, {high:.2f})"
 
 
 @app.command()
@@ -46,13 +42,19 @@ def pareto(
         None, "--acceptance-plot", help="Write acceptance-vs-entropy curves per head (.png, .pdf "
         "or .svg)."
     ),
-    buckets: bool = typer.Option(True, help="Also print the front of each entropy bucket."),
+    full: bool = typer.Option(False, "--full", help="Print every tree of every front, not a "
+                              "summary of a few rows."),
+    buckets: bool = typer.Option(True, help="Also print the front of each entropy bucket (a "
+                                 "line each; with --full, every row)."),
     schedule_trials: int = typer.Option(
         150, "--schedule-trials", help="Used only when the run has no front.json yet."
     ),
     force: bool = FORCE_OPTION,
 ) -> None:
-    """Print (and plot) the Pareto front of a run: accept length vs verification latency.
+    """Print (and plot) the Pareto front of a run: accepted tokens per step vs step time.
+
+    By default a summary: the front's first, last and fastest trees, one per power-of-two
+    size, the chosen trees marked; --full prints every row.
 
     Example: entmtp pareto runs/code --plot runs/code/pareto.png
     """
@@ -72,48 +74,39 @@ def pareto(
                          progress=reporter, task=task)
     front = load_front(run)
     acc = load_acceptance(run) if acceptance_plot is not None else None  # before any plot
-    task = front.get("task", "?")
-    console.print(_front_table(f"Pareto front, task {task}, all positions", front["front"]))
-    edges = front.get("bucket_edges", [])
-    if buckets:
-        for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
-            console.print(_front_table(f"bucket {i}: {_bucket_label(edges, i)}", bucket_front))
-    schedule = front["schedule"]
-    console.print(
-        f"chosen schedule: {len(schedule['trees'])} tree(s), thresholds "
-        f"{[round(t, 3) for t in schedule['thresholds']]}, estimator {schedule['estimator']}; "
-        f"replayed {schedule['replayed']['tokens_per_second']:.2f} tokens/s vs best static "
-        f"{front['best_static']['replayed']['tokens_per_second']:.2f} vs oracle "
-        f"{front['oracle']['replayed']['tokens_per_second']:.2f}"
-    )
+    view = load_view(run, front, score=plot is not None)
+    _print_view(console, view, full=full, buckets=buckets)
     with all_or_none():  # both plots, or neither
         if plot is not None:
-            points = [(c["latency_ms"], c["expected_accept_length"]) for c in front["front"]]
-            series = [{"label": "all positions", "points": points}]
-            for i, bucket_front in enumerate(front.get("bucket_fronts", [])):
-                series.append({"label": f"bucket {i}: {_bucket_label(edges, i)}",
-                               "points": [(c["latency_ms"], c["expected_accept_length"])
-                                          for c in bucket_front]})
-            references = [{"label": r["name"], "latency_ms": r["latency_ms"],
-                           "expected_accept_length": r["expected_accept_length"]}
-                          for r in front.get("references", [])]
-            chosen = []
-            if run.bundle.exists():
-                bundle = load_bundle(run.bundle)
-                pairs = zip(bundle.trees, bundle.tree_stats, strict=True)
-                for i, (tree, stats) in enumerate(pairs):
-                    label = f"chosen tree {i} ({tree.num_nodes} nodes, on its positions)"
-                    chosen.append({"label": label,
-                                   "latency_ms": stats.latency_ms,
-                                   "expected_accept_length": stats.expected_accept_length})
-            plot_fronts(series, plot, title=f"entmtp Pareto fronts, task {task}",
-                        references=references, chosen=chosen)
+            plot_fronts(path=plot, **plot_inputs(view))
             console.print(f"wrote {plot}")
         if acceptance_plot is not None and acc is not None:
             top1 = acc.rank_probs[:, :, 0]  # [bucket, head]
             plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
-                                   title=f"head top-1 acceptance vs entropy, task {task}")
+                                   title=f"head top-1 acceptance vs entropy, task {view.task}")
             console.print(f"wrote {acceptance_plot}")
+
+
+def _print_view(console: Console, view: FrontView, *, full: bool, buckets: bool) -> None:
+    rows = view.front["front"]
+    marks = view.marks()
+    if full:
+        console.print(front_table(f"Pareto front, task {view.task}, all positions", rows,
+                                  marks=marks))
+        edges = view.front.get("bucket_edges", [])
+        for i, bucket_front in enumerate(view.front.get("bucket_fronts", []) if buckets else []):
+            console.print(front_table(f"front of {bucket_label(edges, i)}", bucket_front))
+    else:
+        console.print(front_table(
+            f"Pareto front, task {view.task}, all positions: {len(rows)} trees (--full: all "
+            "rows)", rows, rows=summary_rows(rows, marks), marks=marks))
+        if buckets and view.front.get("bucket_fronts"):
+            console.print(bucket_table(view.front))
+    table = schedule_table(view)
+    console.print(table if table is not None else schedule_heading(view), highlight=False)
+    console.print(replay_table(view))
+    if view.static:
+        console.print(STATIC_NOTE, highlight=False)
 
 
 @app.command("show-tree")
@@ -151,20 +144,3 @@ def show_tree(
         title = f"{source.name}, {serves}\n{tree.num_nodes} nodes, depth {tree.depth}"
     plot_tree(tree.to_json(), out, title=title)
     typer.echo(f"wrote {out}")
-
-
-def entropy_range(schedule, index: int) -> str:
-    """The estimates tree ``index`` of ``schedule`` serves, in words: ``[low, high)`` nats of
-    its signal, or every step for a one-tree schedule."""
-    if len(schedule.trees) == 1:
-        return "every step"
-    signal = schedule.signal.replace("_", " ")
-    low = schedule.thresholds[index - 1] if index > 0 else None
-    high = schedule.thresholds[index] if index < len(schedule.thresholds) else None
-    if low is not None and high is not None and low >= high:
-        return f"never chosen ({signal} thresholds {low:.2f} = {high:.2f} nats)"
-    if low is None:
-        return f"{signal} < {high:.2f} nats"
-    if high is None:
-        return f"{signal} >= {low:.2f} nats"
-    return f"{low:.2f} <= {signal} < {high:.2f} nats"

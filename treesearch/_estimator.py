@@ -124,11 +124,12 @@ class EntropyEstimator:
         return cls(obj["kind"], **params)
 
     def describe(self) -> str:
+        """The estimator in words, for reports and terminal output."""
         if self.kind == "ema":
-            return f"ema(alpha={self.alpha:.4g})"
+            return f"exponential moving average (alpha {self.alpha:.4g})"
         if self.kind == "window":
-            return f"window(size={self.size})"
-        return "last"
+            return f"mean of the last {self.size} values"
+        return "the last value (no smoothing)"
 
 
 class EstimatorState:

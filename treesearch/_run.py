@@ -32,15 +32,18 @@ from ._bundle import (
     Predicted,
     TreeStats,
 )
+from ._hardware_words import hardware_lines
 from ._latency import LatencyModel
 from ._pareto import TreeCandidate, build_front, fronts_by_bucket, score_tree
 from ._profile import Profile
 from ._replay import ReplayResult, replay
-from ._schedule import DRAFT_ENTROPY
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY
 from ._schedule_search import ScheduleSearchResult, calibrate_schedule
 from ._tree import Tree
 
 REFERENCE_TREES = ("mc_sim_7b_63",)
+SIGNAL_WORDS = {BASE_ENTROPY: "the base model's entropy at each decoded position",
+                DRAFT_ENTROPY: "head 1's entropy at the step, before the tree is chosen"}
 MAX_SEED = 2**32 - 1  # Optuna's samplers seed numpy, which takes 32 bits
 
 
@@ -426,23 +429,26 @@ def report_markdown(
     for c in outcome.front:
         lines.append(f"| {c.tree.num_nodes} | {c.tree.depth} | {c.expected_accept_length:.3f} | "
                      f"{c.latency_ms:.2f} | {c.tokens_per_ms:.4f} | {c.source} |")
+    thresholds = ", ".join(f"{t:.3f}" for t in sched.thresholds)
     lines += ["", "## Chosen schedule", "",
-              f"Signal: `{sched.signal}`; estimator: `{sched.estimator.describe()}`; "
-              "thresholds (nats): "
-              f"{', '.join(f'{t:.3f}' for t in sched.thresholds) or 'none (one tree)'}.", "",
-              "| tree | serves estimates | nodes | depth | widths |", "|---:|---|---:|---:|---|"]
-    bounds = [-np.inf, *sched.thresholds, np.inf]
+              f"Signal: `{sched.signal}` ({SIGNAL_WORDS.get(sched.signal, 'an entropy')}); "
+              f"estimate: {sched.estimator.describe()}; "
+              + (f"thresholds: {thresholds} nats." if thresholds else
+                 "one tree at every step, no threshold."), "",
+              "| tree | serves estimates (nats) | nodes | depth | nodes per depth |",
+              "|---:|---|---:|---:|---|"]
     for i, tree in enumerate(sched.trees):
-        lines.append(f"| {i} | [{bounds[i]:.3f}, {bounds[i + 1]:.3f}) | {tree.num_nodes} | "
-                     f"{tree.depth} | {list(tree.widths)} |")
+        lines.append(f"| {i} | {served_range(sched.thresholds, i)} | {tree.num_nodes} | "
+                     f"{tree.depth} | {', '.join(str(w) for w in tree.widths) or 'none'} |")
     ar_tps = 1000.0 / latency.autoregressive_ms if latency.autoregressive_ms > 0 else float("nan")
     rows = [("entmtp schedule", result.result),
             ("best static tree of the front", result.best_static)]
     rows += [(f"{r.name} (static)", r.replay) for r in outcome.references]
     rows += [("oracle schedule (hindsight bound)", result.oracle)]
     lines += ["", "## Replayed on the calibration traces", "",
-              f"Latency model: {latency.hardware or 'unspecified hardware'}; autoregressive "
-              f"{latency.autoregressive_ms:.2f} ms/token ({ar_tps:.2f} tokens/s). The steps are "
+              "Latency model:", "", *hardware_lines(latency.hardware), "",
+              f"Plain (autoregressive) decoding: {latency.autoregressive_ms:.2f} ms/token "
+              f"({ar_tps:.2f} tokens/s). The steps are "
               "the live decoder's: tokens/s and mean accept length count the decode tokens (each "
               "output less the prefill's first token) over step time and steps."
               + _booking_note(latency), "",
@@ -468,6 +474,21 @@ def report_markdown(
                      f"{err['independence']:.3f} | {err['relative_error']:+.1%} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def served_range(thresholds: Sequence[float], index: int) -> str:
+    """The estimates tree ``index`` of a schedule with ``thresholds`` serves, in words."""
+    low = thresholds[index - 1] if index > 0 else None
+    high = thresholds[index] if index < len(thresholds) else None
+    if low is None and high is None:
+        return "all"
+    if low is not None and high is not None and low >= high:
+        return f"none (both thresholds {low:.3f})"
+    if low is None:
+        return f"below {high:.3f}"
+    if high is None:
+        return f"{low:.3f} and above"
+    return f"{low:.3f} to {high:.3f}"
 
 
 def _booking_note(latency: LatencyModel) -> str:
