@@ -25,8 +25,9 @@ from entmtp.core import (
     deadline_after,
     hardware_label,
 )
-from entmtp.evaluation import measure_latency
+from entmtp.evaluation import measure_batch_latency, measure_latency
 from entmtp.treesearch import (
+    MAX_BATCH_SIZE,
     MAX_TREE_NODES,
     BatchLatency,
     LatencyModel,
@@ -96,6 +97,64 @@ def default_label(model: LatencyModel, fallback: str) -> str:
     return f"{label}, {head_type} heads" if head_type else label
 
 
+def _label_parts(model: LatencyModel) -> list[str]:
+    """``default_label``'s pieces: machine, dtype, threads, model, heads (those recorded)."""
+    hw = model.hardware
+    if _is_synthetic(model):
+        return [hardware_label(hw, "")]
+    parts = [str(hw.get("device_name") or "unnamed hardware")]
+    if hw.get("dtype"):
+        parts.append(str(hw["dtype"]))
+    if hw.get("device") == "cpu" and hw.get("torch_threads"):
+        threads = hw["torch_threads"]
+        parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    if hw.get("model"):
+        parts.append(str(hw["model"]))
+    if hw.get("head_type"):
+        parts.append(f"{hw['head_type']} heads")
+    return parts
+
+
+def _cpu_model(hw: Mapping) -> str | None:
+    """``family 25 model 17`` of an x86 signature (the part that tells CPUs of one marketing
+    name apart), else the whole signature."""
+    signature = hw.get("cpu_signature")
+    if not signature:
+        return None
+    words = str(signature).split()
+    if "family" in words and "model" in words:
+        start = words.index("family")
+        return " ".join(words[start:words.index("model") + 2])
+    return str(signature)
+
+
+def distinct_labels(entries: list[tuple[str, LatencyModel]]) -> tuple[list[str], str]:
+    """A legend label per (file name, model), and the words every label shared (dropped from
+    the labels, for the title). Two machines of one name (``AMD EPYC`` names several CPU
+    generations) are told apart by their CPU's family and model, and files that still read
+    the same by their names."""
+    parts = [_label_parts(model) for _, model in entries]
+    names = [p[0] for p in parts]
+    for i, (_, model) in enumerate(entries):
+        same = [j for j, name in enumerate(names) if name == names[i]]
+        cpus = {_cpu_model(entries[j][1].hardware) for j in same}
+        if len(same) > 1 and len(cpus) > 1 and _cpu_model(model.hardware):
+            parts[i][0] = f"{names[i]} ({_cpu_model(model.hardware)})"
+    shared: list[str] = []
+    if len(entries) > 1:
+        for piece in parts[0][1:]:
+            if all(piece in p[1:] for p in parts):
+                shared.append(piece)
+    labels = [", ".join(piece for piece in p if piece not in shared) for p in parts]
+    same = [labels.count(label) > 1 for label in labels]
+    labels = [f"{label} ({file_name})" if again and file_name else label
+              for label, again, (file_name, _) in zip(labels, same, entries, strict=True)]
+    repeated = [labels.count(label) > 1 for label in labels]  # the same file twice
+    labels = [f"{label} #{labels[:i].count(label) + 1}" if again else label
+              for i, (label, again) in enumerate(zip(labels, repeated, strict=True))]
+    return labels, ", ".join(shared)
+
+
 # -- the checks -------------------------------------------------------------------------------
 def spread_line(model: LatencyModel) -> str:
     """The measurement's noise in one line (treesearch._latency's module doc defines it)."""
@@ -154,8 +213,11 @@ def plot_latency_curves(
         ax.set_xlabel("draft tree nodes (tokens verified = nodes + 1)")
         ax.grid(alpha=0.3)
     if mark_nodes is not None:
-        absolute.text(mark_nodes, absolute.get_ylim()[1], f" {mark_nodes}-node tree",
-                      fontsize=7, va="top", color="0.4")
+        low, high = absolute.get_xlim()
+        near_right = mark_nodes > low + 0.75 * (high - low)  # the text goes where there is room
+        absolute.text(mark_nodes, absolute.get_ylim()[1],
+                      f"{mark_nodes}-node tree " if near_right else f" {mark_nodes}-node tree",
+                      fontsize=7, va="top", ha="right" if near_right else "left", color="0.4")
     for ax in (absolute, relative):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # node counts are whole
     absolute.set_yscale("log")
@@ -163,7 +225,10 @@ def plot_latency_curves(
     absolute.yaxis.set_minor_formatter(ScalarFormatter())
     absolute.set_ylabel("ms per draft + verify step (depth term excluded)")
     relative.set_ylabel("step time / step time without a tree")
-    relative.legend(fontsize=8, loc="best")
+    # one legend for both panels, under them: it covers no curve and no axis label
+    handles, labels = absolute.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False,
+               fontsize=8, ncol=2 if len(labels) > 3 and max(map(len, labels)) < 60 else 1)
     fig.suptitle(title or "Verification latency vs tree size")
     return _save(fig, path)
 
@@ -253,6 +318,11 @@ def latency(
     device_name: str | None = typer.Option(None, "--device-name", help="With --import: the "
                                            "hardware and runtime the steps were timed on, e.g. "
                                            "'H100, vLLM 0.11' (default: the CSV's name)."),
+    batch_sizes: str | None = typer.Option(
+        None, "--batch-sizes", help="Also time steps of several sequences at once, e.g. "
+        "1,2,4,8,16,32: each size's steps on the static runtime (every row verifying the same "
+        "tree), one size after the other, into one latency file with a batch axis (default: "
+        "batch size 1 alone, a file of the one-model format)."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Measure verification latency vs tree size on this machine's CPU or GPU.
@@ -266,7 +336,7 @@ def latency(
                  "--node-counts": node_counts, "--depths": depths,
                  "--context-lengths": context_lengths, "--repeats": repeats, "--warmup": warmup,
                  "--threads": threads, "--remeasure": remeasure, "--max-seconds": max_seconds,
-                 "--random-weights": random_weights or None}
+                 "--random-weights": random_weights or None, "--batch-sizes": batch_sizes}
     if import_csv is not None:
         given = [name for name, value in measuring.items() if value is not None]
         if given:
@@ -286,6 +356,21 @@ def latency(
     check_plots(plot)
     for path in compare:  # read now: a bad one must not fail after --out is written
         LatencyModel.load(path)
+    sizes = parse_int_list(batch_sizes, "--batch-sizes", minimum=1, maximum=MAX_BATCH_SIZE)
+    if sizes is not None and sizes != (1,):
+        _measure_batches(sizes, console=console, out=out, plot=plot, compare=list(compare),
+                         strict=strict, deadline=deadline, model=model, heads=heads,
+                         head_type=head_type, num_heads=num_heads,
+                         random_weights=random_weights, dtype=dtype, device=device,
+                         node_counts=parse_int_list(node_counts, "--node-counts",
+                                                    maximum=MAX_TREE_NODES),
+                         depths=parse_int_list(depths, "--depths", minimum=1),
+                         context_lengths=parse_int_list(context_lengths, "--context-lengths",
+                                                        minimum=1),
+                         repeats=repeats, warmup=warmup, seed=seed, threads=threads,
+                         remeasure=remeasure, engine=engine, graphs=graphs,
+                         draft_vocab_size=draft_vocab_size)
+        return
     with console.status(f"timing draft + verify steps on {device} ({dtype})..."):
         measured = measure_latency(
             model=model, heads=heads, head_type=head_type, num_heads=num_heads,
@@ -325,6 +410,45 @@ def latency(
     if measured.fused_empty_ms_by_depth:
         console.print("fused empty-tree step, by draft depth: "
                       + ", ".join(f"{ms:.2f}" for ms in measured.fused_empty_ms_by_depth) + " ms")
+    console.print(f"wrote {out}")
+    if plot is not None:
+        console.print(f"wrote {plot}")
+
+
+def _measure_batches(sizes: tuple[int, ...], *, console: Console, out: Path, plot: Path | None,
+                     compare: list[Path], strict: bool, **measuring) -> None:
+    """`entmtp latency --batch-sizes`: time every batch size, check each model, write one file
+    with the batch axis (and its plot); nothing written on a refusal."""
+    device, dtype = measuring["device"], measuring["dtype"]
+    with console.status(f"timing batched draft + verify steps on {device} ({dtype}), batch "
+                        f"sizes {', '.join(map(str, sizes))}..."):
+        measured = measure_batch_latency(batch_sizes=sizes, **measuring)
+    for size, model in measured.items():
+        if model.hardware.get("stopped_by_deadline"):
+            warn(f"batch size {size}: --max-seconds cut the rounds to "
+                 f"{model.hardware['repeats']} per point")
+        for warning in check_latency_model(model, strict=strict,
+                                           source=f"latency measurement at batch size {size}"):
+            warn(warning)
+    with all_or_none():  # --out and --plot, or neither
+        measured.save(out)
+        if plot is not None:
+            label = default_label(measured[sizes[0]], "measured")
+            models = batch_curves(label, measured, alone=not compare)
+            for path in compare:
+                other = LatencyModel.load(path)
+                models[default_label(other, path.stem)] = other
+            plot_latency_curves(models, plot, title=f"Verification latency vs tree size: {label}",
+                                mark_nodes=batch_mark(models))
+    hw = measured[sizes[0]].hardware
+    console.print(f"{hw['device_name']} ({hw['dtype']}), {hw['model']}, batch sizes "
+                  f"{', '.join(map(str, sizes))}:")
+    for size, model in measured.items():
+        largest = model.nodes[-1]
+        console.print(f"batch {size}: plain step {model.autoregressive_ms:.2f} ms, "
+                      f"{model.step_ms(largest, 0):.2f} ms at {largest} nodes "
+                      f"({model.step_ms(largest, 0) / model.autoregressive_ms:.2f}x); "
+                      f"{spread_line(model)}")
     console.print(f"wrote {out}")
     if plot is not None:
         console.print(f"wrote {plot}")
@@ -382,23 +506,22 @@ def plot_latency(
 ) -> None:
     """Draw several latency models (e.g. a CPU and a GPU one) in one figure."""
     check_plots(out)
+    loaded = [(path, BatchLatency.load(path)) for path in files]
+    extra = [LatencyModel.gpu_like()] if synthetic_gpu else []
+    labels, shared = distinct_labels(
+        [(path.name, latency[latency.batch_sizes[0]]) for path, latency in loaded]
+        + [("", model) for model in extra])
     models: dict[str, LatencyModel] = {}
-    titles = []
-    for path in files:
-        latency = BatchLatency.load(path)
-        label = default_label(latency[latency.batch_sizes[0]], path.stem)
-        if label in titles or label in models:  # two files of one description: a curve each
-            label = f"{label} ({path.name})"
-        titles.append(label)
+    for (_, latency), label in zip(loaded, labels, strict=False):
         models.update(batch_curves(label, latency, alone=len(files) == 1 and not synthetic_gpu))
-    if synthetic_gpu:
-        gpu = LatencyModel.gpu_like()
-        models[default_label(gpu, "")] = gpu
+    for model, label in zip(extra, labels[len(loaded):], strict=True):
+        models[label] = model
     if len(files) == 1 and len(models) > 1 and not synthetic_gpu:  # one file's batch sizes
-        plot_latency_curves(models, out, title=f"Verification latency vs tree size: {titles[0]}",
+        plot_latency_curves(models, out, title=f"Verification latency vs tree size: {labels[0]}",
                             mark_nodes=batch_mark(models))
     else:
-        plot_latency_curves(models, out)
+        plot_latency_curves(models, out, title="Verification latency vs tree size"
+                            + (f": {shared}" if shared else ""))
     typer.echo(f"wrote {out}")
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         run_record,
         trimmed_mean,
     )
-    from ._measure import load_for_latency, measure_latency
+    from ._measure import load_for_latency, measure_batch_latency, measure_latency
     from ._paired import paired_ratio_interval
     from ._prediction import DRIFT_LIMIT, OracleBound, PredictionCheck, check_prediction
     from ._selftest import run_selftest
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "profile_latency",
     "measure_latency",
+    "measure_batch_latency",
     "profile_trajectories",
     "run_side_by_side",
     "MethodRuns",
@@ -141,7 +142,7 @@ _LAZY = {
         "run_record",
         "trimmed_mean",
     ),
-    "._measure": ("load_for_latency", "measure_latency"),
+    "._measure": ("load_for_latency", "measure_batch_latency", "measure_latency"),
     "._paired": ("paired_ratio_interval",),
     "._prediction": ("DRIFT_LIMIT", "OracleBound", "PredictionCheck", "check_prediction"),
     "._selftest": ("run_selftest",),

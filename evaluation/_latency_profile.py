@@ -67,6 +67,12 @@ deepest); Hydra's preparation is head 1 whatever the depth. A point's time is th
 of its ``repeats`` (``TRIM`` cut at each end): the mean, because a decode's time is the sum of
 its steps, trimmed so that one stray pause does not move it.
 
+**Batch sizes** (static engine only; ``batch_size``): every step is the engine's step of
+``batch_size`` rows (``StaticEngine.set_rows``), each row prefilled with its own random prompt
+to the same context, so the rows verify the same tree at the same past length; the autoregressive
+point is the plain step of as many rows. The model then prices one batch step
+(``hardware["batch_size"]``); ``treesearch.BatchLatency`` holds one per batch size.
+
 **Padded widths** (static engine only; the eager runtime never pads): every fit derives the
 model's ``padded_nodes`` from the raw curve (``padding_table``: a node count verified at a
 cheaper larger measured count), so the checks and the re-measurements judge the effective
@@ -223,6 +229,7 @@ def profile_latency(
     graphs: bool = True,
     deadline: float | None = None,
     wall_clock: Callable[[], float] = time.monotonic,
+    batch_size: int = 1,
 ) -> LatencyModel:
     """Time trees of ``node_counts`` nodes (each at ``depths``, default 1 and all heads) and
     ``trees`` at every context length, and fit a ``LatencyModel`` (with ``autoregressive_ms``, a
@@ -239,8 +246,12 @@ def profile_latency(
     ``MIN_ROUNDS`` timed ones, where the next would end past it, and re-measure and padding
     passes past it are skipped; ``hardware`` then records ``stopped_by_deadline`` and the
     rounds every point got (``repeats``).
+
+    ``batch_size``: time the static engine's steps of that many rows (module doc).
     """
     model = _unwrap_model(model)
+    if int(batch_size) < 1:
+        raise EntmtpError(f"batch size {batch_size}: give 1 or more sequences per step")
     if repeats < 1 or warmup < 0 or remeasure < 0:
         raise EntmtpError("latency profiling needs repeats >= 1, warmup >= 0 and remeasure >= 0")
     if not context_lengths or min(context_lengths) < 1:
@@ -257,7 +268,7 @@ def profile_latency(
         )
     contexts = [int(c) for c in dict.fromkeys(context_lengths)]
     timer = _StepTimer(model, heads, measured, contexts, topk=topk, seed=seed, clock=clock,
-                       engine=engine, graphs=graphs)
+                       engine=engine, graphs=graphs, batch_size=int(batch_size))
     stopped = False  # by the deadline: fewer rounds, or a pass skipped
 
     def timed_rounds(keys: Sequence[_Key], rounds_warmup: int) -> dict[_Key, list[float]]:
@@ -317,15 +328,18 @@ class _StepTimer:
     interleaved."""
 
     def __init__(self, model, heads, trees: list[Tree], contexts: list[int], *, topk: int,
-                 seed: int, clock: Any, engine: str = "auto", graphs: bool = True) -> None:
+                 seed: int, clock: Any, engine: str = "auto", graphs: bool = True,
+                 batch_size: int = 1) -> None:
         self.model = model
         self.trees = trees
+        self.batch_size = batch_size
         self.decoder = SpeculativeDecoder(model, heads, topk=topk, engine=engine, graphs=graphs)
         self.clock = clock if clock is not None else self.decoder.clock
         self.draft_depths = self.decoder.drafter.prepare_depths()
         generator = torch.Generator().manual_seed(seed)
         vocab = model.get_output_embeddings().weight.shape[0]
-        prompt = torch.randint(0, vocab, (max(contexts),), generator=generator)
+        shape = (max(contexts),) if batch_size == 1 else (batch_size, max(contexts))
+        prompt = torch.randint(0, vocab, shape, generator=generator)
         self.steps = fixed_context_steps(self.decoder, trees, prompt, contexts, clock=self.clock)
         self.order = torch.Generator().manual_seed(seed + 1)  # of the keys in each round
         # CUDA-event ms of the timed rounds' runs (static engine on CUDA), beside the host ms
@@ -427,11 +441,15 @@ def fixed_context_steps(
     contexts: Sequence[int], *, clock: Any = None,
 ) -> _StaticSteps | _EagerSteps:
     """The profiler's timed steps on ``decoder``'s greedy runtime at ``contexts`` (prefixes of
-    ``prompt`` [P], P >= every context): ``time((kind, index, context))`` is the ms of one step
-    from that context's saved state, which it restores after. Kinds: ``tree`` (index: into
-    ``trees``), ``autoregressive``, and by draft depth ``prepare`` (when ``books_prepare``) and
+    ``prompt`` [P], P >= every context; or [rows, P]: the static engine's batch steps, each row
+    prefilled with its own): ``time((kind, index, context))`` is the ms of one step from that
+    context's saved state, which it restores after. Kinds: ``tree`` (index: into ``trees``),
+    ``autoregressive``, and by draft depth ``prepare`` (when ``books_prepare``) and
     ``fused_empty`` (fusing heads). ``clock``: default the decoder's."""
     runner = _StaticSteps if decoder.static_engine is not None else _EagerSteps
+    if runner is _EagerSteps and prompt.dim() == 2 and prompt.shape[0] > 1:
+        raise EntmtpError(f"batched steps run on the static runtime only, and this one runs "
+                          f"eagerly: {decoder.runtime_note}")
     return runner(decoder, list(trees), [int(c) for c in contexts],
                   decoder.drafter.prepare_depths(), prompt,
                   clock if clock is not None else decoder.clock)
@@ -452,7 +470,9 @@ class _StaticSteps:
                  draft_depths: list[int], prompt: torch.Tensor, clock: Any) -> None:
         engine = decoder.static_engine
         self.engine, self.clock = engine, clock
-        self.trees, self.contexts, self.prompt = trees, contexts, prompt
+        self.trees, self.contexts = trees, contexts
+        self.prompt = prompt if prompt.dim() == 2 else prompt[None]  # [rows, P]
+        engine.set_rows(self.prompt.shape[0])
         empty = Tree.from_paths([])
         # Base-entropy schedules' steps; a static tree's skip the entropies, a draft-entropy
         # schedule's drafted steps draft from the prepared heads and prepare at their end.
@@ -487,7 +507,8 @@ class _StaticSteps:
         self.states: dict[int, list[torch.Tensor]] = {}
         prompt = self.prompt.to(engine.device)
         for length in sorted(self.contexts):
-            engine.prefill(prompt[:length])
+            for row, row_prompt in enumerate(prompt):
+                engine.prefill(row_prompt[:length], row)
             engine.run(self.preparing, length)
             self.states[length] = engine.save_state()
 
@@ -633,6 +654,7 @@ def _fit(timer: _StepTimer, samples: dict[_Key, list[float]], *, context_lengths
         "draft_vocab_size": int(getattr(heads, "draft_vocab_size",
                                         getattr(heads, "vocab_size", 0))),
         "autoregressive_ms_by_context": {str(k): v for k, v in autoregressive.items()},
+        "batch_size": timer.batch_size,  # sequences per timed step
         **timer.describe(),
     }
     depths = timer.draft_depths

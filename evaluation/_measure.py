@@ -12,7 +12,7 @@ from typing import Any
 
 from entmtp.core import EntmtpError
 from entmtp.model import check_device, check_head_type, load_model_and_heads, resolve_dtype_name
-from entmtp.treesearch import LatencyModel
+from entmtp.treesearch import BatchLatency, LatencyModel
 
 
 def describe_hardware(
@@ -90,6 +90,26 @@ def measure_latency(
     draft over that many tokens (``load_for_latency``). ``deadline``: a ``time.monotonic()``
     value the timing ends by (``profile_latency``).
     """
+    return measure_batch_latency(
+        model=model, heads=heads, head_type=head_type, num_heads=num_heads,
+        random_weights=random_weights, dtype=dtype, device=device, node_counts=node_counts,
+        depths=depths, context_lengths=context_lengths, repeats=repeats, warmup=warmup,
+        seed=seed, threads=threads, remeasure=remeasure, engine=engine, graphs=graphs,
+        draft_vocab_size=draft_vocab_size, deadline=deadline, batch_sizes=(1,))[1]
+
+
+def measure_batch_latency(
+    *, model: str | None = None, heads: str | None = None, head_type: str = "medusa",
+    num_heads: int = 4, random_weights: bool = False, dtype: str = "fp32", device: str = "cpu",
+    node_counts: tuple[int, ...] | None = None, depths: tuple[int, ...] | None = None,
+    context_lengths: tuple[int, ...] | None = None, repeats: int | None = None,
+    warmup: int | None = None, seed: int = 0, threads: int | None = None,
+    remeasure: int | None = None, engine: str = "auto", graphs: bool = True,
+    draft_vocab_size: int | None = None, deadline: float | None = None,
+    batch_sizes: tuple[int, ...] = (1,),
+) -> BatchLatency:
+    """``measure_latency`` at each of ``batch_sizes`` (steps of that many sequences, on the
+    static runtime past 1), the model loaded once, one size after the other."""
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
     if num_heads < 1:
@@ -106,11 +126,14 @@ def measure_latency(
         raise EntmtpError(f"--threads {threads}: give at least 1")
     if remeasure is not None and remeasure < 0:
         raise EntmtpError(f"--remeasure {remeasure}: give 0 or more")
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise EntmtpError(f"--batch-sizes {list(batch_sizes)}: give sizes of 1 or more")
     import torch
 
     from ._latency_profile import profile_latency
 
     previous_threads = torch.get_num_threads()
+    models = {}
     try:
         if threads is not None:
             torch.set_num_threads(threads)
@@ -122,12 +145,15 @@ def measure_latency(
         options = {"node_counts": node_counts, "depths": depths,
                    "context_lengths": context_lengths, "repeats": repeats, "warmup": warmup,
                    "remeasure": remeasure}
-        measured = profile_latency(base, draft, engine=engine, graphs=graphs, deadline=deadline,
-                                   **{k: v for k, v in options.items() if v is not None})
         hardware = describe_hardware(
             dtype=dtype_name, model_name=name, random_weights=random_weights,
             head_type=getattr(draft, "head_type", head_type), num_heads=int(draft.num_heads),
         )
+        for size in sorted(set(int(b) for b in batch_sizes)):
+            measured = profile_latency(
+                base, draft, engine=engine, graphs=graphs, deadline=deadline, batch_size=size,
+                **{k: v for k, v in options.items() if v is not None})
+            models[size] = replace(measured, hardware={**measured.hardware, **hardware})
     finally:
         torch.set_num_threads(previous_threads)
-    return replace(measured, hardware={**measured.hardware, **hardware})
+    return BatchLatency(models)

@@ -12,7 +12,7 @@ from ._batch_exports import (
     trtllm_draft_len_schedule,
     vllm_batch_schedule,
 )
-from ._batch_latency import BatchLatency, import_step_times
+from ._batch_latency import MAX_BATCH_SIZE, BatchLatency, import_step_times
 from ._bundle import Bundle, load_bundle, save_bundle
 from ._estimator import EntropyEstimator
 from ._exports import EXPORT_FORMATS, export_bundle
@@ -73,6 +73,7 @@ __all__ = [
 # stable API.
 _LAYER_API = [
     "BATCH_SCHEDULE_FORMATS",
+    "MAX_BATCH_SIZE",
     "LatencyPoint",
     "best_chain_by_batch",
     "import_step_times",

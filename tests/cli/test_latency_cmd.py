@@ -116,6 +116,42 @@ def test_latency_engine_eager_times_the_eager_steps(profiler, tiny_model_dir, tm
     assert "eager runtime" in hw["runtime_note"] and "eager runtime" in result.output
 
 
+def test_latency_batch_sizes_time_each_size_into_one_file(profiler, tiny_model_dir, tmp_path,
+                                                          monkeypatch):
+    """--batch-sizes times the static engine's steps of each size (rows = the size) into one
+    file with the batch axis, which `LatencyModel.load` reads as its smallest size; the eager
+    runtime refuses batches in one line and writes nothing."""
+    import entmtp.evaluation._latency_profile as latency_profile
+    from entmtp.treesearch import BatchLatency
+
+    sizes = []
+    real = latency_profile.profile_latency
+
+    def spying(model, heads, **options):
+        sizes.append(options["batch_size"])
+        return real(model, heads, **options)
+
+    monkeypatch.setattr(latency_profile, "profile_latency", spying)
+    out, plot = tmp_path / "batched.json", tmp_path / "batched.png"
+    args = [*_quick_latency_args(out), "--model", str(tiny_model_dir), "--random-weights",
+            "--head-type", "medusa", "--num-heads", "2"]
+    result = runner.invoke(app, [*args, "--batch-sizes", "4,1,2", "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    assert sizes == [1, 2, 4]
+    batched = BatchLatency.load(out)
+    assert batched.batch_sizes == (1, 2, 4)
+    assert [batched[b].hardware["batch_size"] for b in (1, 2, 4)] == [1, 2, 4]
+    assert LatencyModel.load(out).hardware["batch_size"] == 1
+    assert "batch 4: plain step" in result.output and plot.exists()
+    refused = tmp_path / "eager.json"
+    result = runner.invoke(app, [*_quick_latency_args(refused), "--model", str(tiny_model_dir),
+                                 "--random-weights", "--engine", "eager", "--no-graphs",
+                                 "--batch-sizes", "1,2"])
+    assert "static runtime only" in _one_line_error(result) and not refused.exists()
+    result = runner.invoke(app, [*args, "--batch-sizes", "0,2"])
+    assert "--batch-sizes" in _one_line_error(result)
+
+
 _MATMUL_LIKE = ("mm", "matmul", "linear", "scaled_dot_product")  # op names (aten, mkldnn)
 
 
@@ -365,7 +401,7 @@ def test_plot_latency_draws_one_curve_per_file_even_with_equal_labels(tmp_path, 
 
     drawn = {}
     monkeypatch.setattr(_latency_cmd, "plot_latency_curves",
-                        lambda models, path: drawn.update(models))
+                        lambda models, path, **options: drawn.update(models))
     medusa, hydra, copy = (tmp_path / name for name in ("m.json", "h.json", "copy.json"))
     cpu = LatencyModel.cpu_like()
     for path, head_type in ((medusa, "medusa"), (hydra, "hydra"), (copy, "hydra")):
@@ -377,6 +413,66 @@ def test_plot_latency_draws_one_curve_per_file_even_with_equal_labels(tmp_path, 
     assert len(drawn) == 3
     assert any("medusa heads" in label for label in drawn)
     assert any("copy.json" in label for label in drawn), list(drawn)
+
+
+def _cpu_file(path, name: str, signature: str | None, **hardware):
+    cpu = LatencyModel.cpu_like()
+    record = {"kind": "measured", "device": "cpu", "device_name": name, "dtype": "float32",
+              "torch_threads": 2, "model": "M", "head_type": "hydra", **hardware}
+    if signature is not None:
+        record["cpu_signature"] = signature
+    replace(cpu, hardware=record).save(path)
+    return path
+
+
+def test_plot_latency_tells_cpus_of_one_name_apart_and_titles_what_they_share(tmp_path,
+                                                                             monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(_latency_cmd, "plot_latency_curves",
+                        lambda models, path, **options: drawn.update(models=models, **options))
+    zen5 = _cpu_file(tmp_path / "a.json", "AMD EPYC", "AuthenticAMD family 26 model 2 stepping 1")
+    zen4 = _cpu_file(tmp_path / "b.json", "AMD EPYC", "AuthenticAMD family 25 model 17 stepping 1")
+    xeon = _cpu_file(tmp_path / "c.json", "Intel Xeon", "GenuineIntel family 6 model 167")
+    result = runner.invoke(app, ["plot-latency", str(zen5), str(zen4), str(xeon), "--out",
+                                 str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    labels = list(drawn["models"])
+    assert labels == ["AMD EPYC (family 26 model 2)", "AMD EPYC (family 25 model 17)",
+                      "Intel Xeon"]
+    assert drawn["title"].endswith("float32, 2 threads, M, hydra heads")
+
+
+def test_plot_latency_names_the_files_of_cpus_it_cannot_tell_apart(tmp_path):
+    from entmtp.cli._latency_cmd import distinct_labels
+
+    one = LatencyModel.load(_cpu_file(tmp_path / "one.json", "AMD EPYC", None))
+    other = LatencyModel.load(_cpu_file(tmp_path / "other.json", "AMD EPYC", None, dtype="bf16"))
+    labels, shared = distinct_labels([("one.json", one), ("two.json", one)])
+    assert labels == ["AMD EPYC (one.json)", "AMD EPYC (two.json)"]
+    assert shared == "float32, 2 threads, M, hydra heads"
+    labels, _ = distinct_labels([("one.json", one), ("one.json", one)])  # one file twice
+    assert labels[0] != labels[1]
+    labels, shared = distinct_labels([("one.json", one), ("other.json", other)])
+    assert labels == ["AMD EPYC, float32", "AMD EPYC, bf16"] and "float32" not in shared
+
+
+def test_plot_latency_puts_the_legend_outside_both_panels(tmp_path, monkeypatch):
+    from entmtp.cli import _plots
+
+    figures = []
+    monkeypatch.setattr(_plots, "_save", lambda fig, path: figures.append(fig))
+    zen5 = _cpu_file(tmp_path / "a.json", "AMD EPYC", "AuthenticAMD family 26 model 2 stepping 1")
+    _latency_cmd.plot_latency_curves({"a": LatencyModel.load(zen5),
+                                      "b": LatencyModel.gpu_like()}, tmp_path / "x.png")
+    (fig,) = figures
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert [t.get_text() for t in legend.get_texts()] == ["a", "b (synthetic, not measured)"]
+    for ax in fig.axes:
+        assert ax.get_legend() is None
+        assert not box.overlaps(ax.get_tightbbox(renderer))  # no curve, tick or axis label
 
 
 def test_plot_latency_labels_synthetic_curves(tmp_path):

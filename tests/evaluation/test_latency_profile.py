@@ -444,16 +444,18 @@ def _fresh_outcome(model, heads, prompt, tree, *, topk, capacity):
         return step.out_ints[0].tolist(), step.out_floats[0].tolist()
 
 
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize(("graphs", "padded", "rows"), [
+    (False, False, 1), (False, True, 1), (True, False, 1), (True, True, 1),
+    (False, True, 3), (True, False, 3),
+])
 def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, monkeypatch,
-                                                                            graphs, padded):
+                                                                            graphs, padded, rows):
     """Every timed step leaves the engine's state buffers and cache as it found them, and a
     tree's outputs at each context equal those of a fresh engine prefilled with that context,
     round after round: the contexts share one cache without seeing each other's steps. With
     graphs (capture emulated on the CPU) every step is captured once, before any is timed
     (padded steps: before any padded one is). ``padded``: 2-node trees verified at 5 nodes give
-    the unpadded outputs."""
+    the unpadded outputs. ``rows``: batch steps, every row's outputs those of its own prompt."""
     from dataclasses import replace
 
     from entmtp.evaluation import _latency_profile
@@ -507,8 +509,8 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
                                                      steps.states[key[2]], strict=True))
         step = steps.step(key)
         if key[0] in ("tree", "padded"):
-            outputs.setdefault(key, []).append((step.out_ints[0].tolist(),
-                                                step.out_floats[0].tolist()))
+            outputs.setdefault(key, []).append((step.out_ints.tolist(),
+                                                step.out_floats.tolist()))
         return elapsed
 
     monkeypatch.setattr(_latency_profile._StepTimer, "time",
@@ -518,27 +520,32 @@ def test_static_profile_steps_run_from_their_context_and_leave_it_unchanged(rt, 
     contexts, seed, topk = (8, 16), 3, 3
     latency = profile_latency(model, heads, node_counts=(0, 2, 5), depths=(2,),
                               context_lengths=contexts, repeats=2, warmup=1, topk=topk,
-                              remeasure=0, seed=seed)
+                              remeasure=0, seed=seed, batch_size=rows)
     assert latency.hardware["graphs"] is graphs
+    assert latency.hardware["batch_size"] == rows == timer_steps[0].engine.rows
     if graphs:
         timed = {id(timer_steps[0].step(key)) for key in timing}
         assert len(captured) == len({id(s) for s in captured})  # each step once
         assert timed <= {id(s) for s in captured} and len(timed) == 3 + 1 + 1 + padded
     timing.clear()  # the reference engines below capture as they go
     vocab = model.get_output_embeddings().weight.shape[0]
-    prompt = torch.randint(0, vocab, (max(contexts),),
-                           generator=torch.Generator().manual_seed(seed))
+    prompts = torch.randint(0, vocab, (max(contexts),) if rows == 1 else (rows, max(contexts)),
+                            generator=torch.Generator().manual_seed(seed)).reshape(rows, -1)
     trees = {}
     assert any(key[0] == "padded" for key in outputs) == padded
     for (_, index, length), seen in outputs.items():
         for ints, floats in seen:  # the same step from the same state, round after round
-            assert ints == seen[0][0] and floats == pytest.approx(seen[0][1], nan_ok=True)
+            assert ints == seen[0][0]
+            for row_floats, first_floats in zip(floats, seen[0][1], strict=True):
+                assert row_floats == pytest.approx(first_floats, nan_ok=True)
         tree = trees[index] = measured_trees[index]
-        want = _fresh_outcome(model, heads, prompt[:length], tree, topk=topk,
-                              capacity=latency.hardware["cache_capacity"])
-        assert seen[0][0] == want[0]
-        # the prefill of a longer prompt rounds its first tokens' keys a little differently
-        assert seen[0][1] == pytest.approx(want[1], rel=1e-4, nan_ok=True)
+        assert len(seen[0][0]) == rows
+        for row in range(rows):
+            want = _fresh_outcome(model, heads, prompts[row, :length], tree, topk=topk,
+                                  capacity=latency.hardware["cache_capacity"])
+            assert seen[0][0][row] == want[0]
+            # the prefill of a longer prompt rounds its first tokens' keys a little differently
+            assert seen[0][1][row] == pytest.approx(want[1], rel=1e-4, nan_ok=True)
     assert len(trees) == 3
 
 
@@ -555,6 +562,8 @@ def test_a_model_the_static_engine_cannot_run_is_profiled_on_the_eager_steps(rt)
     assert latency.prepare_ms > 0  # the eager runtime prepares before a draft-entropy choice
     with pytest.raises(EntmtpError, match="engine='static'"):
         profile_latency(model, heads, node_counts=(0,), context_lengths=(8,), engine="static")
+    with pytest.raises(EntmtpError, match="batched steps run on the static runtime only"):
+        profile_latency(model, heads, node_counts=(0,), context_lengths=(8,), batch_size=2)
 
 
 def test_a_dip_in_the_static_curve_is_padded_and_the_padded_steps_are_timed(rt, monkeypatch):
