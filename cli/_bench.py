@@ -197,8 +197,9 @@ def load_head_sets(base, heads: Sequence[str], head_type: str | None, model: str
     return head_sets
 
 
-def heads_for_bundle(bundle: Bundle, base, head_sets):
-    """The loaded head set the bundle was calibrated for (one-line error when none fits)."""
+def heads_for_bundle(bundle: Bundle, base, head_sets, *, hardware_warnings: bool = True):
+    """The loaded head set the bundle was calibrated for (one-line error when none fits);
+    ``hardware_warnings``: ``check_bundle_fits``'s."""
     candidates = [h for h in head_sets if h.head_type == bundle.heads.type]
     if not candidates:
         raise EntmtpError(
@@ -206,7 +207,7 @@ def heads_for_bundle(bundle: Bundle, base, head_sets):
             f"{', '.join(h.head_type for h in head_sets)} heads are loaded: pass --heads with the "
             "heads the bundle was calibrated for"
         )
-    check_bundle_fits(bundle, base, candidates[0])
+    check_bundle_fits(bundle, base, candidates[0], hardware_warnings=hardware_warnings)
     return candidates[0]
 
 
@@ -369,7 +370,9 @@ def plot_bench(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, title
 @app.command()
 @user_errors
 def bench(
-    task: str | None = task_option(None, " (default: the bundles' task, else chat)"),
+    task: str | None = task_option(None, " (default: the bundles' task, else chat); without "
+                                   "--bundle, --model and --heads, also the shipped bundles of "
+                                   "this task that fit this machine best"),
     data: str | None = DATA_OPTION,
     bundle_sources: list[Path] | None = typer.Option(
         None, "--bundle", help="A bundle.json or run folder (repeatable, one per head type): "
@@ -411,6 +414,11 @@ def bench(
     check_engine(engine)
     check_device_and_dtype(device, dtype)
     check_max_new_tokens(max_new_tokens)
+    picked = not bundle_sources and task is not None and model is None and not heads
+    if picked:  # the pick line said how each fits this machine
+        from ._bundles import pick_shipped_per_head_type
+
+        bundle_sources = pick_shipped_per_head_type(task, head_type, device=device, dtype=dtype)
     bundles = read_bundles(bundle_sources or [])
     thread_count, thread_source = measurement_threads(bundles, threads)
     task_name = task_for(task, data, bundle_task(bundles, task, data) or "chat")
@@ -421,7 +429,9 @@ def bench(
     base = load_base(model, device=device, dtype=dtype)
     head_sets = load_head_sets(base, heads or [], head_type, model,
                                [bundle for _, bundle in bundles])
-    arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets), len(bundles) > 1)
+    arms = [BundleArm(path, bundle, heads_for_bundle(bundle, base, head_sets,
+                                                     hardware_warnings=not picked),
+                      len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
     methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs,

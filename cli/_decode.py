@@ -7,19 +7,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 from entmtp.core import EntmtpError
 from entmtp.treesearch import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
+    bundle_source,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
     load_base,
     load_heads_for,
-    read_bundle,
+    slow_warning,
+    speed_line,
 )
 from ._model_setup import (
     BUNDLE_HEAD_TYPE_OPTION,
@@ -32,22 +34,24 @@ from ._model_setup import (
     MODEL_OPTION,
     PAD_OPTION,
     check_engine,
+    task_option,
 )
+from ._progress import status_console, warn
 from ._typer_app import app
 
 STEP_CALLBACK = "on_step"  # generate(..., on_step=f) calls f(step_log, new_tokens) per step
 
 
 class TextStream:
-    """Prints the decoded text of a growing token list as it grows.
+    """Writes the decoded text of a growing token list to stdout as it grows, as is (no markup,
+    no wrapping): stdout holds the generated text alone.
 
     Decoding the whole list each time keeps multi-token characters and tokenizer spacing right;
     text ending in an incomplete character (U+FFFD) waits for the next tokens.
     """
 
-    def __init__(self, tokenizer, console: Console) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.console = console
         self.tokens: list[int] = []
         self.shown = ""
 
@@ -56,15 +60,14 @@ class TextStream:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if text.endswith("\ufffd") or not text.startswith(self.shown):
             return
-        self.console.print(text[len(self.shown):], end="", markup=False, highlight=False,
-                           soft_wrap=True)
+        typer.echo(text[len(self.shown):], nl=False)
         self.shown = text
 
     def finish(self, tokens: Sequence[int]) -> None:
-        """Print whatever of the final ``tokens`` is not shown yet."""
+        """Write whatever of the final ``tokens`` is not shown yet, and the last newline."""
         text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
         rest = text[len(self.shown):] if text.startswith(self.shown) else "\n" + text
-        self.console.print(rest, markup=False, highlight=False, soft_wrap=True)
+        typer.echo(rest)
         self.shown = text
 
 
@@ -75,9 +78,12 @@ def supports_step_callback(decoder) -> bool:
 @app.command()
 @user_errors
 def decode(
-    source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
+    source: Path | None = typer.Argument(None, help="A bundle.json or a run folder holding one "
+                                         "(or --task: a shipped bundle)."),
     prompt: str = typer.Option(..., "--prompt", help="The prompt (a user turn for instruct "
                                "models)."),
+    task: str | None = task_option(None, ": decode with the shipped bundle of this task that "
+                                   "fits this machine best, instead of a bundle path"),
     max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
     model: str | None = MODEL_OPTION,
     heads: str | None = BUNDLE_HEADS_OPTION,
@@ -90,19 +96,28 @@ def decode(
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
+    The text alone goes to stdout; the bundle picked, the model loading, statistics and the
+    measured speed beside the bundle's prediction go to stderr.
+
+    Example: entmtp decode --task code --prompt "Write a function that reverses a list."
+
     Example: entmtp decode runs/code --prompt "Write a haiku about trees." --max-new-tokens 64
     """
-    console = Console()
+    console = status_console()
     check_head_type(head_type)
     check_engine(engine)
     check_max_new_tokens(max_new_tokens)
     if not prompt.strip():
         raise EntmtpError("--prompt is empty: give the text to continue")
-    _, bundle = read_bundle(source)
+    if source is not None and task is not None:
+        raise EntmtpError(f"both a bundle ({source}) and --task {task}: give the bundle, or "
+                          "--task to pick a shipped one, not both")
+    _, bundle, picked = bundle_source(source, task, head_type, model=model, device=device,
+                                      dtype=dtype)
     base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model,
                                  bundle.heads.sha256)
-    check_bundle_fits(bundle, base, draft_heads)
+    timed_here = check_bundle_fits(bundle, base, draft_heads, hardware_warnings=not picked)
     ids = base.encode_prompt(prompt)
     if not ids:
         raise EntmtpError("--prompt encodes to no tokens: give some text")
@@ -113,7 +128,7 @@ def decode(
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
                                  graphs=graphs,
                                  padded_nodes=runtime_padding(bundle.latency, pad=pad))
-    stream = TextStream(base.tokenizer, console)
+    stream = TextStream(base.tokenizer)
     options = {}
     if supports_step_callback(decoder):
         options[STEP_CALLBACK] = lambda _step, new_tokens: stream.add(new_tokens)
@@ -128,9 +143,14 @@ def decode(
     trees = ", ".join(
         f"tree {i} ({bundle.trees[i].num_nodes} nodes) x{n}" for i, n in sorted(usage.items())
     ) or "none"
-    console.print(
-        f"[dim]{len(result.tokens)} tokens in {result.steps} steps; mean accept length "
-        f"{result.mean_accept_length:.3f}; {result.decode_tokens_per_second:.2f} tokens/s "
-        f"decoding ({result.tokens_per_second:.2f} with the prefill); trees used: {trees}; "
-        f"{decoder.runtime_note}[/dim]"
-    )
+    console.print(f"{len(result.tokens)} tokens in {result.steps} steps; mean accept length "
+                  f"{result.mean_accept_length:.3f} (predicted "
+                  f"{bundle.predicted.mean_accept_length:.3f}); trees used: {trees}",
+                  markup=False, highlight=False)
+    console.print(speed_line(bundle, result.decode_tokens_per_second, result.tokens_per_second),
+                  markup=False, highlight=False)
+    console.print(f"[dim]{escape(decoder.runtime_note)}[/dim]", highlight=False)
+    slow = slow_warning(bundle, result.decode_tokens_per_second, result.mean_accept_length,
+                        timed_here=timed_here)
+    if slow is not None:
+        warn(slow)

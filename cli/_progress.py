@@ -1,7 +1,10 @@
 """How the commands show progress: a pipeline ``Event`` as a rich progress bar, a spinner, a
 dim note or a warning on stderr. Where the console is no terminal (a log file, a pipe) a bar
 would only show at its end, so progress comes as plain lines instead, at most one per bar
-every ``LINE_INTERVAL_S`` seconds: what a job of an hour run under ``nohup`` needs."""
+every ``LINE_INTERVAL_S`` seconds: what a job of an hour run under ``nohup`` needs.
+
+A command has two consoles: ``status_console`` for what it says about the run (stderr) and
+``output_console`` for its output (stdout), neither hard-wrapped where it is no terminal."""
 
 from __future__ import annotations
 
@@ -26,6 +29,27 @@ from rich.status import Status
 from entmtp.calibrate import Event
 
 LINE_INTERVAL_S = 30.0
+# Where the console is no terminal (a pipe, a file), rich would wrap lines at 80 columns: text
+# is soft-wrapped instead (a line stays whole), and tables get this width to lay out in.
+UNWRAPPED_WIDTH = 1000
+
+
+def status_console() -> Console:
+    """The console of what a command says about its run (statistics, progress, notes): stderr,
+    so that stdout holds only the command's output, and never hard-wrapped."""
+    return _unwrapped(Console(stderr=True, soft_wrap=True))
+
+
+def output_console() -> Console:
+    """The console of a command's output (its text, tables and results): stdout, never
+    hard-wrapped."""
+    return _unwrapped(Console(soft_wrap=True))
+
+
+def _unwrapped(console: Console) -> Console:
+    if not console.is_terminal:
+        console.width = UNWRAPPED_WIDTH
+    return console
 
 
 def progress_bar(console: Console, *, rate: bool = True) -> Progress | LineProgress:

@@ -39,6 +39,7 @@ from entmtp.treesearch import runtime_padding
 
 from ._errors import user_errors
 from ._live import (
+    bundle_source,
     check_bundle_fits,
     check_head_type,
     check_max_new_tokens,
@@ -46,8 +47,9 @@ from ._live import (
     load_base,
     load_heads_for,
     load_task_prompts,
-    read_bundle,
+    predicted_speed,
     run_progress,
+    slow_warning,
     task_for,
     write_json,
 )
@@ -68,6 +70,7 @@ from ._model_setup import (
     split_option,
     task_option,
 )
+from ._progress import output_console, status_console, warn
 from ._typer_app import app
 
 MAX_MISMATCHES_SHOWN = 10
@@ -86,8 +89,9 @@ def replay_check(base, heads, bundle, prompts: list[EncodedPrompt], live: Method
 def _table(report: dict[str, Any]) -> Table:
     table = Table(title=f"validate: {report['prompts']} {report['split']} prompts of "
                         f"{report['task']}", title_justify="left",
-                  caption="tokens/s and accept length count decode tokens: the prefill's first "
-                          "token and time are excluded", caption_justify="left")
+                  caption=f"predicted: on {report['predicted_on']}. tokens/s and accept length "
+                          "count decode tokens: the prefill's first token and time are "
+                          "excluded", caption_justify="left")
     table.add_column("")
     table.add_column("predicted", justify="right")
     table.add_column("measured", justify="right")
@@ -97,7 +101,8 @@ def _table(report: dict[str, Any]) -> Table:
                   f"{report['measured_tokens_per_second']:.2f}")
     table.add_row("speedup vs autoregressive", f"{report['predicted_speedup']:.3f}x",
                   f"{report['measured_speedup']:.3f}x")
-    table.add_row("autoregressive tokens/s", "",
+    predicted_ar = report["predicted_autoregressive_tokens_per_second"]
+    table.add_row("autoregressive tokens/s", "" if predicted_ar is None else f"{predicted_ar:.2f}",
                   f"{report['autoregressive_tokens_per_second']:.2f}")
     return table
 
@@ -105,11 +110,14 @@ def _table(report: dict[str, Any]) -> Table:
 @app.command()
 @user_errors
 def validate(
-    source: Path = typer.Argument(..., help="A bundle.json or a run folder holding one."),
+    source: Path | None = typer.Argument(None, help="A bundle.json or a run folder holding one "
+                                         "(or --task: a shipped bundle)."),
     model: str | None = MODEL_OPTION,
     heads: str | None = BUNDLE_HEADS_OPTION,
     head_type: str | None = BUNDLE_HEAD_TYPE_OPTION,
-    task: str | None = task_option(None, " (default: the bundle's task)"),
+    task: str | None = task_option(None, ": the prompts (default: the bundle's task); without a "
+                                   "bundle, also the shipped bundle of this task that fits this "
+                                   "machine best"),
     data: str | None = DATA_OPTION,
     split: str = split_option("heldout"),
     prompts: int = typer.Option(8, "--prompts", help="Number of prompts to decode."),
@@ -127,13 +135,20 @@ def validate(
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
 
+    The results go to stdout; the bundle picked, the model loading, progress and warnings to
+    stderr.
+
+    Example: entmtp validate --task code --prompts 8
+
     Example: entmtp validate runs/code --prompts 8 --json validate.json
     """
-    console = Console()
+    console = output_console()
+    status = status_console()
     check_head_type(head_type)
     check_engine(engine)
     check_max_new_tokens(max_new_tokens)
-    bundle_path, bundle = read_bundle(source)
+    bundle_path, bundle, picked = bundle_source(source, task, head_type, model=model,
+                                                device=device, dtype=dtype)
     task_name = task_for(task, data, bundle.task)
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
@@ -141,7 +156,7 @@ def validate(
     base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model,
                                  bundle.heads.sha256)
-    check_bundle_fits(bundle, base, draft_heads)
+    timed_here = check_bundle_fits(bundle, base, draft_heads, hardware_warnings=not picked)
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
 
     from entmtp.runtime import BundleScheduler, SpeculativeDecoder
@@ -149,14 +164,15 @@ def validate(
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
                                  graphs=graphs,
                                  padded_nodes=runtime_padding(bundle.latency, pad=pad))
-    console.print(f"[dim]{decoder.runtime_note}[/dim]")
+    status.print(f"[dim]{escape(decoder.runtime_note)}[/dim]", highlight=False)
     eos = sorted(base.eos_token_ids)
     entmtp = speculative_method("entmtp", decoder, BundleScheduler(bundle.schedule()), eos=eos)
     reference = autoregressive_method(base.model, eos=eos, engine=engine, graphs=graphs)
-    with run_progress(console, "decoding", 2 * len(encoded)) as progress:
+    with run_progress(status, "decoding", 2 * len(encoded)) as progress:
         live, ar = run_side_by_side([entmtp, reference], encoded, max_new_tokens=max_new_tokens,
                                     progress=progress)
     differ = live.identical_to(ar)
+    prediction = predicted_speed(bundle)
     report: dict[str, Any] = {
         "bundle": str(bundle_path),
         "model": base.name,
@@ -173,6 +189,8 @@ def validate(
         "predicted_tokens_per_second": bundle.predicted.tokens_per_second,
         "measured_tokens_per_second": live.tokens_per_second,
         "autoregressive_tokens_per_second": ar.tokens_per_second,
+        "predicted_autoregressive_tokens_per_second": prediction.autoregressive_tokens_per_second,
+        "predicted_on": prediction.timed_on,
         "predicted_speedup": bundle.predicted.speedup_vs_autoregressive,
         "measured_speedup": ratio(live.tokens_per_second, ar.tokens_per_second),
         "lossless": not differ,
@@ -183,7 +201,7 @@ def validate(
         "runtime": runtime_report([decoder], base.model, engine=engine, graphs=graphs),
     }
     if check_replay:
-        report.update(replay_check(base, draft_heads, bundle, encoded, live, ar, console=console))
+        report.update(replay_check(base, draft_heads, bundle, encoded, live, ar, console=status))
     console.print(_table(report))
     verdict = "lossless: every output equals autoregressive decoding" if report["lossless"] else (
         f"NOT lossless on {len(differ)} prompt(s): {', '.join(report['not_lossless_prompts'])}")
@@ -201,4 +219,8 @@ def validate(
             console.print(f"  {m['prompt_id']} position {m['position']}: live accept "
                           f"{m['live_accept']} tree {m['live_tree']} vs replayed "
                           f"{m['replayed_accept']} tree {m['replayed_tree']}")
+    slow = slow_warning(bundle, live.tokens_per_second, live.mean_accept_length,
+                        timed_here=timed_here)
+    if slow is not None:
+        warn(slow)
     write_json(json_path, report, console)

@@ -6,6 +6,7 @@ from __future__ import annotations
 # Each command lives in its own module; importing it registers the command on `app`.
 from . import (  # noqa: F401
     _bench,
+    _bundles,
     _calibrate,
     _decode,
     _demo,

@@ -2,8 +2,9 @@
 
 The error type, the atomic file writers and the file readers (one discipline for every file
 entmtp writes or is given), the head types, engine and dtype names, the one description of the
-machine a latency model was measured on, the user cache folder, and the line that names a
-missing optional extra. Importing it imports neither torch nor transformers.
+machine a latency model was measured on (and which bundle's timing machine is closest to this
+one), the user cache folder, and the line that names a missing optional extra. Importing it
+imports neither torch nor transformers.
 
 Layer 1 of 7. Depends on nothing (the standard library only).
 """
@@ -20,6 +21,15 @@ from ._atomic import (
     may_replace_read_only,
     own_status,
     replacing_read_only,
+)
+from ._bundle_choice import (
+    Machine,
+    Pick,
+    cpu_model,
+    pick_bundle,
+    picks_by_head_type,
+    rank_bundles,
+    timing_machine,
 )
 from ._deadline import deadline_after
 from ._errors import EntmtpError
@@ -89,6 +99,13 @@ __all__ = [
 # stable API.
 _LAYER_API = [
     "CpuInfo",
+    "Machine",
+    "Pick",
+    "cpu_model",
+    "pick_bundle",
+    "picks_by_head_type",
+    "rank_bundles",
+    "timing_machine",
     "DTYPE_ALIASES",
     "SYNTHETIC_LABEL",
     "all_or_none",

@@ -53,9 +53,11 @@ def invoke(args: list) -> object:
 def assert_one_line_error(result, *needles: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    # before the error, at most the line that says the model is loading
+    assert all(line.startswith("loading model ") for line in lines[:-1]), result.output
+    assert lines[-1].startswith("entmtp: error:"), result.output
     for needle in needles:
-        assert needle in lines[0], result.output
+        assert needle in lines[-1], result.output
 
 
 @pytest.fixture(scope="module")

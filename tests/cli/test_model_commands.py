@@ -21,6 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from entmtp.cli.app import app
+from entmtp.evaluation import DRIFT_LIMIT
 from entmtp.treesearch import LatencyModel, Profile, Schedule, load_bundle, replay, save_bundle
 from entmtp.treesearch._bundle import HeadsInfo
 from support import make_char_tokenizer, make_tiny_llama, save_untied_tiny_llama
@@ -47,9 +48,11 @@ def invoke(args: list[str]):
 def assert_one_line_error(result, *needles: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("entmtp: error:"), result.output
+    # before the error, at most the line that says the model is loading
+    assert all(line.startswith("loading model ") for line in lines[:-1]), result.output
+    assert lines[-1].startswith("entmtp: error:"), result.output
     for needle in needles:
-        assert needle in lines[0], result.output
+        assert needle in lines[-1], result.output
 
 
 def write_prompts(path: Path, prompts: list[str]) -> Path:
@@ -125,6 +128,19 @@ def test_validate_is_lossless_and_replays_the_calibration_profile_exactly(varied
     assert report["predicted_mean_accept_length"] == report["measured_mean_accept_length"]
     assert report["replayed_tokens_per_second"] == bundle.predicted.tokens_per_second
     assert "lossless" in result.output and "replay check" in result.output
+    # the results on stdout; the model loading, progress and notes on stderr
+    assert "lossless" in result.stdout and "replay check" in result.stdout
+    assert result.stderr.startswith(f"loading model {varied.model} ...\n")
+    assert "decoding: " in result.stderr and "decoding: " not in result.stdout
+    assert "static-shape runtime" in result.stderr
+    # the prediction, with autoregressive decoding's, of the bundle's (synthetic) latency model
+    assert report["predicted_autoregressive_tokens_per_second"] == pytest.approx(
+        1000.0 / bundle.latency.autoregressive_ms)
+    assert "synthetic" in report["predicted_on"]
+    ar_row = next(line for line in result.stdout.splitlines()
+                  if line.lstrip("│| ").startswith("autoregressive tokens/s"))
+    assert f"{report['predicted_autoregressive_tokens_per_second']:.2f}" in ar_row
+    assert "warning" not in result.output  # no prediction of a machine's speed to fall short of
     runtime = report["runtime"]  # a Llama on the CPU: the static engine, nothing captured
     assert runtime["engine"] == "auto" and runtime["graphs"] is True
     assert "static-shape runtime (no graphs on cpu)" in runtime["runtime_note"]
@@ -195,8 +211,53 @@ def test_decode_prints_the_greedy_text_and_stats(varied):
                                      max_new_tokens=max_new,
                                      eos_token_ids=sorted(base.eos_token_ids))
     text = base.tokenizer.decode(greedy.tokens, skip_special_tokens=True)
-    assert text.strip() and text in result.output
-    assert "mean accept length" in result.output and "trees used" in result.output
+    assert text.strip() and result.stdout == text + "\n"  # the generated text alone
+    err = result.stderr
+    assert err.startswith(f"loading model {varied.model} ...\n")
+    assert "mean accept length" in err and "trees used" in err
+    bundle = load_bundle(varied.run / "bundle.json")
+    speed = next(line for line in err.splitlines() if line.startswith("speed: "))
+    assert "tokens/s decoding" in speed
+    assert f"predicted {bundle.predicted.tokens_per_second:.2f}" in speed
+    assert f"autoregressive decoding {1000.0 / bundle.latency.autoregressive_ms:.2f}" in speed
+    assert "synthetic latency model" in speed
+
+
+def _timed(varied, path: Path, tokens_per_second: float) -> Path:
+    """The calibrated bundle as if its latency model had been measured on a CPU like this
+    one, predicting ``tokens_per_second``."""
+    bundle = load_bundle(varied.run / "bundle.json")
+    hardware = {**bundle.latency.hardware, "kind": "measured", "device": "cpu",
+                "dtype": "float32"}
+    return save_bundle(dataclasses.replace(
+        bundle, latency=dataclasses.replace(bundle.latency, hardware=hardware),
+        predicted=dataclasses.replace(bundle.predicted, tokens_per_second=tokens_per_second)),
+        path)
+
+
+@pytest.mark.parametrize("command", ["decode", "validate"])
+def test_decoding_far_below_the_prediction_warns_in_one_line(varied, tmp_path, command):
+    """A prediction no machine reaches (a billion tokens/s) warns; one any machine beats
+    (a token in a million seconds) does not."""
+    def run(bundle: Path):
+        args = ([command, bundle, "--model", varied.model, "--heads", varied.medusa,
+                 "--max-new-tokens", 8])
+        args += (["--prompt", "Hello there"] if command == "decode" else
+                 ["--data", varied.data, "--split", "all", "--prompts", 1, "--no-replay"])
+        result = invoke(args)
+        assert result.exit_code == 0, result.output
+        return result
+
+    result = run(_timed(varied, tmp_path / "fast.json", 1e9))
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert warnings[0].startswith("entmtp: warning: decoding steps ran at 0.00x the bundle's "
+                                  "predicted pace")
+    assert f"more than {DRIFT_LIMIT:.0%} slower" in warnings[0]
+    assert "rerun while it is quiet" in warnings[0]
+    assert "warning" not in result.stdout
+    result = run(_timed(varied, tmp_path / "slow.json", 1e-6))
+    assert "warning" not in result.output
 
 
 def test_heads_train_writes_a_loadable_heads_folder(tiny_model_dir, tmp_path):

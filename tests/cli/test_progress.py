@@ -1,5 +1,6 @@
 """Progress on a console that is no terminal (a log file under nohup): plain lines, throttled,
-never a bar that only shows at the end."""
+never a bar that only shows at the end; and a command's two consoles, stderr for what it says
+about the run and stdout for its output, never wrapped at 80 columns when piped."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import io
 
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from entmtp.calibrate import Event
-from entmtp.cli._progress import ConsoleReporter, LineProgress, progress_bar
+from entmtp.cli._progress import (
+    ConsoleReporter,
+    LineProgress,
+    output_console,
+    progress_bar,
+    status_console,
+)
 
 
 class FakeClock:
@@ -110,3 +118,17 @@ def test_the_pipeline_reporter_writes_its_stages_as_lines_to_a_log():
         "profiling code: 0/3 (0%)", "profiling code: 3/3 (100%) 50.0 tok/s"]
     assert text[2:] == ["searching trees"]
     assert "\x1b[" not in out.getvalue()  # no terminal codes in a log
+
+
+def test_a_commands_consoles_go_to_their_streams_unwrapped_when_piped(capsys):
+    long = " ".join(f"word{i}" for i in range(60))  # 400 characters
+    table = Table("name", "value")
+    table.add_row("a-long-cell-" * 12, "42")
+    status_console().print(long)
+    output_console().print(long)
+    output_console().print(table)
+    out, err = capsys.readouterr()
+    assert err == long + "\n"
+    assert out.splitlines()[0] == long
+    row = next(line for line in out.splitlines() if "a-long-cell" in line)
+    assert "a-long-cell-" * 12 in row and "42" in row  # the row on one line
