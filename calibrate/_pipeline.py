@@ -32,6 +32,7 @@ from entmtp.core import (
 )
 from entmtp.model import check_device_and_dtype, check_engine, load_model_and_heads
 from entmtp.treesearch import (
+    BatchLatency,
     LatencyModel,
     Profile,
     ProfileMeta,
@@ -44,6 +45,7 @@ from entmtp.treesearch import (
     report_markdown,
     save_bundle,
     search,
+    search_by_batch_size,
     synthetic_profile,
 )
 
@@ -227,35 +229,56 @@ def profile_stage(
     return merged
 
 
+def check_batch_latency(models: BatchLatency, *, strict: bool, source: str) -> list[str]:
+    """``check_latency_model`` of every batch size's model (named past batch size 1)."""
+    warnings = []
+    for size, model in models.items():
+        where = source if not models.batched else f"{source} at batch size {size}"
+        warnings += check_latency_model(model, strict=strict, source=where)
+    return warnings
+
+
 def latency_stage(run: RunDir, *, latency_file: Path | None, loader: Callable[[], tuple],
                   progress: Progress = _ignore, strict: bool = False, engine: str = "auto",
-                  graphs: bool = True) -> None:
+                  graphs: bool = True, batch_sizes: tuple[int, ...] = (1,)) -> None:
     """Measure (or copy, or reuse) the run's latency model; its failed checks are warnings, or
     under ``strict`` a refusal before anything is written. The profiler times the steps greedy
-    decoding runs on ``engine`` (with ``graphs`` on CUDA), as ``entmtp latency``."""
+    decoding runs on ``engine`` (with ``graphs`` on CUDA), as ``entmtp latency``, at each of
+    ``batch_sizes`` (a file with a batch axis past batch size 1 alone). A file given, or one
+    already in the run with the same batch sizes, is used as it is."""
     if latency_file is not None:
-        given = LatencyModel.load(latency_file)  # validates, then copies atomically
-        _warn(progress, check_latency_model(given, strict=strict, source=str(latency_file)))
+        given = BatchLatency.load(latency_file)  # validates, then copies atomically
+        _warn(progress, check_batch_latency(given, strict=strict, source=str(latency_file)))
         given.save(run.latency)
         return
+    sizes = tuple(sorted(set(batch_sizes)))
     if run.latency.exists():
-        reused = LatencyModel.load(run.latency)
-        where = ", ".join(str(reused.hardware[k]) for k in ("device", "dtype", "engine")
-                          if reused.hardware.get(k))
-        progress(Event("latency", "note", f"latency: reusing {run.latency}"
-                                          f"{f' (measured on {where})' if where else ''}"))
-        _warn(progress, check_latency_model(reused, strict=strict, source=str(run.latency)))
-        return
+        reused = BatchLatency.load(run.latency)
+        if reused.batch_sizes == sizes:
+            smallest = reused[reused.batch_sizes[0]]
+            where = ", ".join(str(smallest.hardware[k]) for k in ("device", "dtype", "engine")
+                              if smallest.hardware.get(k))
+            progress(Event("latency", "note", f"latency: reusing {run.latency}"
+                                              f"{f' (measured on {where})' if where else ''}"))
+            _warn(progress, check_batch_latency(reused, strict=strict, source=str(run.latency)))
+            return
+        progress(Event("latency", "note", f"latency: {run.latency} has batch sizes "
+                       f"{list(reused.batch_sizes)}, not {list(sizes)}: measuring again"))
     from entmtp.evaluation import profile_latency
 
     base, draft_heads = loader()  # on --device in --dtype: the steps are timed there
     device = next(base.model.parameters()).device
-    progress(Event("latency", "begin", f"measuring verification latency of trees on {device} "
-                                       f"({base.model.dtype})..."))
-    latency = profile_latency(base.model, draft_heads, engine=engine, graphs=graphs)
-    progress(Event("latency", "end"))
-    _warn(progress, check_latency_model(latency, strict=strict, source="latency measurement"))
-    latency.save(run.latency)
+    models = {}
+    for size in sizes:
+        at = "" if sizes == (1,) else f", batch size {size}"
+        progress(Event("latency", "begin", f"measuring verification latency of trees on "
+                                           f"{device} ({base.model.dtype}{at})..."))
+        models[size] = profile_latency(base.model, draft_heads, engine=engine, graphs=graphs,
+                                       batch_size=size)
+        progress(Event("latency", "end"))
+    measured = BatchLatency(models)
+    _warn(progress, check_batch_latency(measured, strict=strict, source="latency measurement"))
+    measured.save(run.latency)
 
 
 def search_stage(
@@ -295,7 +318,8 @@ def search_stage(
     for path in (run.acceptance, run.report, run.bundle, run.front):  # all four, or none
         check_writable_target(path)
     profile = Profile.load(run.profile)
-    latency = LatencyModel.load(run.latency)
+    latencies = BatchLatency.load(run.latency)
+    latency = latencies.for_batch(1)
     notes = [note for note in (draft_vocab_mismatch(profile.meta, latency, source=str(run.latency)),
                                linear_kernel_mismatch(latency, source=str(run.latency)))
              if note]
@@ -305,15 +329,23 @@ def search_stage(
                    f"({settings.schedule_trials} schedule trials)..."))
     outcome = search(profile, latency, settings)
     progress(Event("search", "end"))
+    choices = []
+    if latencies.batched:
+        progress(Event("search", "begin", "searching again at batch sizes "
+                       f"{', '.join(map(str, latencies.batch_sizes))}..."))
+        choices = search_by_batch_size(profile, latencies.by_batch, settings, outcome=outcome,
+                                       latency=latency)
+        progress(Event("search", "end"))
     bundle = make_bundle(outcome, profile, latency,
                          command=command if command is not None else command_line(),
-                         version=entmtp_version())
+                         version=entmtp_version(), batch_choices=choices)
     front = outcome_to_json(outcome, task=task)
     front.update(stamp)
     save_bundle(bundle, run.bundle)  # first: it validates what it writes; a refusal leaves no file
     atomic_write_json(run.acceptance, outcome.acceptance.to_json())
     report = report_markdown(outcome, task=task, latency=latency, ranks=profile.ranks(),
-                             topk=profile.meta.topk, latency_notes=notes)
+                             topk=profile.meta.topk, latency_notes=notes,
+                             batch_choices=choices)
     atomic_write_text(run.report, report)
     atomic_write_json(run.front, front)  # written last: marks the stage finished
     return run.bundle
@@ -351,6 +383,7 @@ class CalibrateArguments:
     fresh: bool = False
     engine: str = "auto"
     graphs: bool = True
+    batch_sizes: tuple[int, ...] = (1,)  # serving batch sizes to time and search for
 
     RECORDED: ClassVar[tuple[str, ...]] = (
         "task", "model", "heads", "head_type", "data", "split", "prompts", "max_new_tokens",
@@ -380,7 +413,12 @@ def calibrate(args: CalibrateArguments, *, progress: Progress = _ignore) -> RunD
     check_engine(args.engine)
     run = args.run_dir()
     if args.latency is not None:
-        LatencyModel.load(args.latency)
+        BatchLatency.load(args.latency)
+        if args.batch_sizes != (1,):
+            raise EntmtpError("--batch-sizes times steps here, and --latency gives a file timed "
+                              "elsewhere (its batch sizes decide the search's): give one of them")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        raise EntmtpError(f"--batch-sizes {list(args.batch_sizes)}: give sizes of 1 or more")
     if not run.profile.exists():
         from ._tasks import load_prompts
 
@@ -433,7 +471,8 @@ def _calibrate_in(run: RunDir, args: CalibrateArguments, *, shards: int, index: 
     if profile is None:
         return
     latency_stage(run, latency_file=args.latency, loader=loader, progress=progress,
-                  strict=args.strict, engine=args.engine, graphs=args.graphs)
+                  strict=args.strict, engine=args.engine, graphs=args.graphs,
+                  batch_sizes=args.batch_sizes)
     search_stage(run, args.search_settings(), progress=progress, task=args.task)
 
 
@@ -485,9 +524,9 @@ def retarget_run(
         if max_nodes < 1:
             raise EntmtpError(f"--max-nodes must be at least 1, got {max_nodes}")
         settings = replace(settings, max_nodes=max_nodes)
-    target_latency = LatencyModel.load(latency_file)
-    _warn(progress, check_latency_model(target_latency, strict=False, source=str(latency_file)))
-    slug = hardware_slug(target_latency.hardware)
+    target_latency = BatchLatency.load(latency_file)
+    _warn(progress, check_batch_latency(target_latency, strict=False, source=str(latency_file)))
+    slug = hardware_slug(target_latency[target_latency.batch_sizes[0]].hardware)
     target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
     check_run_outputs(target)  # first: resolve() fails on a symlink loop
     if target.root.resolve() == run.root.resolve():
@@ -499,7 +538,7 @@ def retarget_run(
     unchanged = (
         target.profile.is_file() and target.profile.read_bytes() == profile_bytes
         and target.latency.is_file()
-        and LatencyModel.load(target.latency).to_json() == target_latency.to_json()
+        and BatchLatency.load(target.latency).to_json() == target_latency.to_json()
     )
     with removed_on_failure(target.root):
         if not unchanged:

@@ -35,6 +35,7 @@ from ._run import (
     reference_tree,
     report_markdown,
     search,
+    search_by_batch_size,
 )
 from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule, batch_estimate
 from ._storage import open_storage
@@ -72,6 +73,7 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "search_by_batch_size",
     "BATCH_SCHEDULE_FORMATS",
     "MAX_BATCH_SIZE",
     "LatencyPoint",

@@ -13,6 +13,14 @@ line that names the file and the field.
 Optional fields: ``best_static`` (the best single static tree on the same replay, by index into
 ``trees`` or by its own paths; exports default to it) and ``latency`` (the LatencyModel JSON the
 prediction used). Any other new field bumps ``format_version``.
+
+**Batch sizes** (``format_version`` 2, the only change from 1): ``batch_ranges``, consecutive
+ranges of batch sizes from 1, each with the schedule (entropy, thresholds, trees) that steps of
+that many sequences decode with and what its batched replay predicted at every measured size
+inside (treesearch/_batch_search.py says how they are chosen). The top-level schedule stays the
+batch-1 one, so a version-1 bundle, or a reader that knows no batches, runs it at batch 1.
+``Bundle.schedule(batch_size)`` is the one way from a bundle to what runs at a batch size; past
+the last range its schedule runs. A bundle without ranges writes version 1, exactly as before.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from ._schedule import Schedule, check_signal, check_thresholds
 from ._tree import Tree
 
 BUNDLE_FORMAT = "entmtp-bundle"
-BUNDLE_FORMAT_VERSION = 1
+BUNDLE_FORMAT_VERSION = 2  # the newest this entmtp reads and writes (with batch_ranges)
+BATCHLESS_FORMAT_VERSION = 1  # a bundle without batch_ranges, as every bundle before them
 ENTROPY_UNITS = ("nats", "bits")
 _NATS_PER_UNIT = {"nats": 1.0, "bits": math.log(2.0)}  # entropies are measured in nats
 SCHEMA_RESOURCE = "bundle.schema.json"
@@ -91,6 +100,42 @@ class BestStatic:
     tree_index: int | None = None  # set when the tree is one of the bundle's trees
 
 
+@dataclass(frozen=True)
+class BatchPrediction:
+    """The batched replay of one measured batch size (treesearch/_batch_replay.py)."""
+
+    batch_size: int
+    chosen: str  # which candidate the range's schedule is (treesearch/_batch_search.py)
+    tokens_per_second: float  # the whole batch's decode tokens over its steps' time
+    mean_accept_length: float  # tokens a live row gains per batch step
+    autoregressive_tokens_per_second: float  # plain decoding at this batch size
+    best_static_tokens_per_second: float  # this size's best static tree
+    batch_one_tokens_per_second: float  # the batch-1 schedule run at this size
+
+
+@dataclass
+class BatchRange:
+    """Batch sizes ``min_batch_size .. max_batch_size`` decode with this schedule."""
+
+    min_batch_size: int
+    max_batch_size: int
+    entropy: EntropyInfo
+    thresholds: list[float]  # ascending, len(trees) - 1, in entropy.unit
+    trees: list[Tree]
+    predicted: list[BatchPrediction]  # one per measured batch size inside, ascending
+
+    def schedule(self) -> Schedule:
+        """The range's schedule in nats (as ``Bundle.schedule``)."""
+        scale = nats_per_unit(self.entropy.unit)
+        return Schedule(tuple(self.trees), tuple(t * scale for t in self.thresholds),
+                        self.entropy.estimator, self.entropy.signal)
+
+    @property
+    def drafts(self) -> bool:
+        """False for "do not draft": plain decoding (the empty tree alone)."""
+        return any(tree.num_nodes for tree in self.trees)
+
+
 @dataclass
 class Bundle:
     model: ModelInfo
@@ -105,6 +150,7 @@ class Bundle:
     created_by: CreatedBy
     best_static: BestStatic | None = None
     latency: LatencyModel | None = None
+    batch_ranges: list[BatchRange] = field(default_factory=list)  # empty: batch 1 only
 
     def __post_init__(self) -> None:
         self.trees = list(self.trees)
@@ -118,6 +164,8 @@ class Bundle:
         self.thresholds = list(check_thresholds(self.thresholds, len(self.trees),
                                                 context="bundle: "))
         self.schedule()  # checks the unit, the signal and its estimator
+        self.batch_ranges = list(self.batch_ranges)
+        check_batch_ranges(self.batch_ranges, context="bundle: ")
 
     @property
     def schedule_is_best_static(self) -> bool:
@@ -126,13 +174,33 @@ class Bundle:
         best = self.best_static
         return best is not None and len(self.trees) == 1 and best.tree == self.trees[0]
 
-    def schedule(self) -> Schedule:
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The measured batch sizes of the ranges (empty: a batch-1 bundle)."""
+        return tuple(p.batch_size for r in self.batch_ranges for p in r.predicted)
+
+    def batch_range(self, batch_size: int) -> BatchRange | None:
+        """The range serving ``batch_size`` (past the last: the last), None without ranges."""
+        if int(batch_size) < 1:
+            raise EntmtpError(f"batch size {batch_size}: give 1 or more sequences per step")
+        for candidate in self.batch_ranges:
+            if candidate.min_batch_size <= batch_size <= candidate.max_batch_size:
+                return candidate
+        return self.batch_ranges[-1] if self.batch_ranges else None
+
+    def schedule(self, batch_size: int | None = None) -> Schedule:
         """The bundle's entropy schedule in nats: the one way from a bundle to what runs.
 
-        The replay takes it as is and the runtime runs ``BundleScheduler(bundle.schedule())``.
+        ``batch_size`` None: the top-level (batch-1) schedule; else the schedule of the range
+        serving that many sequences (the top level when the bundle has no ranges).
+        The replay takes it as is and the runtime runs ``BundleScheduler(bundle.schedule(b))``.
         Profiles and the live decoder measure entropies in nats, so thresholds stored in bits
-        are converted here (and only here). Equal thresholds stay: that tree is never chosen.
+        are converted here (and in ``BatchRange.schedule``). Equal thresholds stay: that tree
+        is never chosen.
         """
+        chosen = None if batch_size is None else self.batch_range(batch_size)
+        if chosen is not None:
+            return chosen.schedule()
         scale = nats_per_unit(self.entropy.unit)
         return Schedule(
             tuple(self.trees),
@@ -182,6 +250,33 @@ class Bundle:
             )
 
 
+def check_batch_ranges(ranges: list[BatchRange], *, context: str = "") -> None:
+    """One ``EntmtpError`` line unless ``ranges`` are consecutive from batch size 1, each with
+    a valid schedule and predictions at measured sizes inside it, ascending."""
+    expected = 1
+    for i, batch in enumerate(ranges):
+        where = f"{context}batch_ranges[{i}]"
+        if batch.min_batch_size != expected:
+            raise EntmtpError(
+                f"{where}.min_batch_size: {batch.min_batch_size}, expected {expected}: ranges "
+                "run consecutively from batch size 1")
+        if batch.max_batch_size < batch.min_batch_size:
+            raise EntmtpError(f"{where}.max_batch_size: {batch.max_batch_size} is below its "
+                              f"min_batch_size {batch.min_batch_size}")
+        if not batch.trees:
+            raise EntmtpError(f"{where}.trees: a range needs at least one tree")
+        batch.thresholds = list(check_thresholds(batch.thresholds, len(batch.trees),
+                                                 context=f"{where}: "))
+        batch.schedule()  # the unit, the signal and its estimator
+        sizes = [p.batch_size for p in batch.predicted]
+        if not sizes or sizes != sorted(set(sizes)) or not (
+                batch.min_batch_size <= sizes[0] and sizes[-1] <= batch.max_batch_size):
+            raise EntmtpError(
+                f"{where}.predicted: batch sizes {sizes} must be ascending, distinct and inside "
+                f"{batch.min_batch_size}..{batch.max_batch_size}")
+        expected = batch.max_batch_size + 1
+
+
 def nats_per_unit(unit: str) -> float:
     """Nats in one ``unit`` of entropy (``nats`` or ``bits``)."""
     try:
@@ -198,7 +293,8 @@ def bundle_to_json(bundle: Bundle) -> dict[str, Any]:
     topk = bundle.heads.topk
     out: dict[str, Any] = {
         "format": BUNDLE_FORMAT,
-        "format_version": BUNDLE_FORMAT_VERSION,
+        "format_version": (BUNDLE_FORMAT_VERSION if bundle.batch_ranges
+                           else BATCHLESS_FORMAT_VERSION),
         "model": {
             "name": bundle.model.name,
             "vocab_size": int(bundle.model.vocab_size),
@@ -250,7 +346,33 @@ def bundle_to_json(bundle: Bundle) -> dict[str, Any]:
         out["best_static"] = best
     if bundle.latency is not None:
         out["latency"] = bundle.latency.to_json()
+    if bundle.batch_ranges:
+        out["batch_ranges"] = [_batch_range_json(batch) for batch in bundle.batch_ranges]
     return out
+
+
+def _entropy_json(entropy: EntropyInfo) -> dict[str, Any]:
+    return {"signal": entropy.signal, "unit": entropy.unit,
+            "estimator": entropy.estimator.to_json()}
+
+
+def _batch_range_json(batch: BatchRange) -> dict[str, Any]:
+    return {
+        "min_batch_size": int(batch.min_batch_size),
+        "max_batch_size": int(batch.max_batch_size),
+        "entropy": _entropy_json(batch.entropy),
+        "thresholds": [float(t) for t in batch.thresholds],
+        "trees": [{"paths": tree.to_json(), "num_nodes": tree.num_nodes, "depth": tree.depth}
+                  for tree in batch.trees],
+        "predicted": [
+            {"batch_size": int(p.batch_size), "chosen": p.chosen,
+             "tokens_per_second": float(p.tokens_per_second),
+             "mean_accept_length": float(p.mean_accept_length),
+             "autoregressive_tokens_per_second": float(p.autoregressive_tokens_per_second),
+             "best_static_tokens_per_second": float(p.best_static_tokens_per_second),
+             "batch_one_tokens_per_second": float(p.batch_one_tokens_per_second)}
+            for p in batch.predicted],
+    }
 
 
 def bundle_from_json(obj: object, *, source: str = "bundle") -> Bundle:
@@ -316,10 +438,10 @@ def _check_header(obj: object, source: str) -> None:
             f"{source}: format_version {_short(str(version))} was made by a newer entmtp (this "
             f"one reads {BUNDLE_FORMAT_VERSION}): upgrade entmtp"
         )
-    if version != BUNDLE_FORMAT_VERSION:
+    if version not in range(BATCHLESS_FORMAT_VERSION, BUNDLE_FORMAT_VERSION + 1):
         raise EntmtpError(
             f"{source}: format_version: {_short(str(version))} is not a bundle version (expected "
-            f"{BUNDLE_FORMAT_VERSION})"
+            f"{BATCHLESS_FORMAT_VERSION} to {BUNDLE_FORMAT_VERSION})"
         )
 
 
@@ -445,6 +567,14 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         except (EntmtpError, TypeError, ValueError, OverflowError) as err:
             raise EntmtpError(f"{source}: latency: {_short(str(err))}") from err
 
+    batch_ranges = [_build_batch_range(batch_obj, f"{source}: batch_ranges[{i}]", topk=topk,
+                                       num_heads=num_heads)
+                    for i, batch_obj in enumerate(obj.get("batch_ranges", []))]
+    try:
+        check_batch_ranges(batch_ranges, context=f"{source}: ")
+    except EntmtpError as err:
+        raise EntmtpError(str(err)) from None
+
     created = obj["created_by"]
     predicted = obj["predicted"]
     return Bundle(
@@ -473,4 +603,40 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         ),
         best_static=best_static,
         latency=latency,
+        batch_ranges=batch_ranges,
     )
+
+
+def _build_entropy(entropy_obj: dict[str, Any], where: str) -> EntropyInfo:
+    try:
+        estimator = EntropyEstimator.from_json(entropy_obj["estimator"])
+    except EntmtpError as err:
+        raise EntmtpError(f"{where}.estimator: {err}") from err
+    try:
+        check_signal(entropy_obj["signal"], estimator)
+    except EntmtpError as err:
+        raise EntmtpError(f"{where}.signal: {err}") from err
+    return EntropyInfo(entropy_obj["signal"], entropy_obj["unit"], estimator)
+
+
+def _build_batch_range(obj: dict[str, Any], where: str, *, topk: int | tuple[int, ...],
+                       num_heads: int) -> BatchRange:
+    trees = []
+    for i, tree_obj in enumerate(obj["trees"]):
+        tree = Tree.from_paths(tree_obj["paths"], topk=topk, num_heads=num_heads,
+                               where=f"{where}.trees[{i}].paths")
+        for name, actual in (("num_nodes", tree.num_nodes), ("depth", tree.depth)):
+            if int(tree_obj[name]) != actual:
+                raise EntmtpError(f"{where}.trees[{i}].{name}: says {tree_obj[name]} but the "
+                                  f"paths give {actual}")
+        trees.append(tree)
+    predicted = [
+        BatchPrediction(int(p["batch_size"]), p["chosen"], float(p["tokens_per_second"]),
+                        float(p["mean_accept_length"]),
+                        float(p["autoregressive_tokens_per_second"]),
+                        float(p["best_static_tokens_per_second"]),
+                        float(p["batch_one_tokens_per_second"]))
+        for p in obj["predicted"]]
+    return BatchRange(int(obj["min_batch_size"]), int(obj["max_batch_size"]),
+                      _build_entropy(obj["entropy"], f"{where}.entropy"),
+                      list(obj["thresholds"]), trees, predicted)

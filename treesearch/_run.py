@@ -7,8 +7,8 @@ profile -> acceptance table by entropy bucket -> Pareto fronts (all positions an
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -22,6 +22,7 @@ from ._acceptance import (
     entropy_bucket_edges,
     independence_error,
 )
+from ._batch_search import BatchChoice, bundle_batch_ranges, search_by_batch
 from ._bundle import (
     BestStatic,
     Bundle,
@@ -37,7 +38,7 @@ from ._latency import LatencyModel
 from ._pareto import TreeCandidate, build_front, fronts_by_bucket, score_tree
 from ._profile import Profile
 from ._replay import ReplayResult, replay
-from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY
+from ._schedule import BASE_ENTROPY, DRAFT_ENTROPY, Schedule
 from ._schedule_search import ScheduleSearchResult, calibrate_schedule
 from ._tree import Tree
 
@@ -199,6 +200,24 @@ def search(
     return outcome
 
 
+def search_by_batch_size(
+    profile: Profile, latencies: Mapping[int, LatencyModel], settings: SearchSettings, *,
+    outcome: SearchOutcome, latency: LatencyModel,
+) -> list[BatchChoice]:
+    """The schedule of every batch size in ``latencies`` (treesearch/_batch_search.py): the
+    whole search again under each size's model (``outcome``, the search under ``latency``, is
+    reused where a size's model is that one), the batch-1 schedule being ``outcome``'s."""
+    def search_at(size: int, model: LatencyModel) -> tuple[Schedule, Tree]:
+        found = outcome if model == latency else search(
+            profile, model, replace(settings, study_name=f"{settings.study_name or 'entmtp'}"
+                                                         f"-batch{size}"), references=())
+        result = found.schedule
+        return result.schedule, result.candidates[result.best_static_index]
+
+    return search_by_batch(profile, latencies, batch_one=outcome.schedule.schedule,
+                           search_at=search_at)
+
+
 def make_bundle(
     outcome: SearchOutcome,
     profile: Profile,
@@ -206,8 +225,10 @@ def make_bundle(
     *,
     command: str,
     version: str,
+    batch_choices: Sequence[BatchChoice] = (),
 ) -> Bundle:
-    """The bundle a runtime loads: the calibrated schedule with its predictions."""
+    """The bundle a runtime loads: the calibrated schedule with its predictions, and with
+    ``batch_choices`` (``search_by_batch_size``) its batch-size ranges."""
     meta = profile.meta
     result = outcome.schedule
     schedule = result.schedule
@@ -242,6 +263,7 @@ def make_bundle(
         created_by=CreatedBy(entmtp=version, command=command),
         best_static=BestStatic(static_tree, result.best_static.tokens_per_second, static_index),
         latency=latency,
+        batch_ranges=bundle_batch_ranges(list(batch_choices)) if batch_choices else [],
     )
 
 
@@ -414,10 +436,11 @@ def outcome_to_json(outcome: SearchOutcome, *, task: str) -> dict[str, Any]:
 
 def report_markdown(
     outcome: SearchOutcome, *, task: str, latency: LatencyModel, ranks: np.ndarray, topk: int,
-    latency_notes: Sequence[str] = (),
+    latency_notes: Sequence[str] = (), batch_choices: Sequence[BatchChoice] = (),
 ) -> str:
     """``report.md``: what a person reads after a calibration run; ``latency_notes``: warnings
-    about the latency model beside its own checks (``latency_lines``)."""
+    about the latency model beside its own checks (``latency_lines``); ``batch_choices``: the
+    search per batch size, as a table (``batch_table_lines``)."""
     result = outcome.schedule
     sched = result.schedule
     lines = [f"# entmtp calibration report: task `{task}`", ""]
@@ -473,7 +496,47 @@ def report_markdown(
         lines.append(f"| {label} ({tree.num_nodes} nodes) | {err['empirical']:.3f} | "
                      f"{err['independence']:.3f} | {err['relative_error']:+.1%} |")
     lines.append("")
+    if batch_choices:
+        lines += batch_table_lines(batch_choices)
     return "\n".join(lines)
+
+
+def describe_schedule(schedule) -> str:
+    """A schedule in a few words: "plain decoding", "5-node tree", "3 trees (5, 8, 0 nodes)"."""
+    if len(schedule.trees) == 1:
+        tree = schedule.trees[0]
+        return "plain decoding" if tree.num_nodes == 0 else f"{tree.num_nodes}-node tree"
+    sizes = ", ".join(str(t.num_nodes) for t in schedule.trees)
+    return f"{len(schedule.trees)} trees ({sizes} nodes)"
+
+
+def batch_table_lines(choices: Sequence[BatchChoice]) -> list[str]:
+    """The report's table by batch size: batched replays of plain decoding, the size's best
+    static tree, the schedule it decodes with and the batch-1 schedule run at that size."""
+    lines = ["## By batch size", "",
+             "Each measured batch size: the search again under that size's step times, then "
+             "batches of that many calibration traces replayed together as the batched runtime "
+             "decodes them (one tree per step for the whole batch, at the mean of the live "
+             "rows' estimates; a finished row stays in the batch until the last finishes). "
+             "Tokens/s are the whole batch's.", "",
+             "| batch | plain decoding | best static tree | chosen schedule | tokens/s | "
+             "vs plain | batch-1 schedule here |",
+             "|---:|---:|---|---|---:|---:|---:|"]
+    for c in choices:
+        ar = c.autoregressive_tokens_per_second
+        lines.append(
+            f"| {c.batch_size} | {ar:.2f} | {c.best_static_tree.num_nodes} nodes, "
+            f"{c.best_static_tokens_per_second:.2f} | {_chosen_words(c)} | "
+            f"{c.tokens_per_second:.2f} | "
+            f"{c.tokens_per_second / ar if ar > 0 else float('nan'):.3f}x | "
+            f"{c.batch_one_tokens_per_second:.2f} |")
+    lines.append("")
+    return lines
+
+
+def _chosen_words(choice: BatchChoice) -> str:
+    words = describe_schedule(choice.schedule)
+    return words if words == choice.source else f"{words} ({choice.source})"
 
 
 def served_range(thresholds: Sequence[float], index: int) -> str:

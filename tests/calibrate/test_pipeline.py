@@ -124,6 +124,37 @@ def test_retarget_run_searches_the_same_profile_under_the_given_latency(tmp_path
     assert capfd.readouterr() == ("", "")
 
 
+def _per_node(ms: float) -> LatencyModel:
+    nodes = (0, 3, 7, 15, 63, 127)
+    return LatencyModel(nodes, tuple(80.0 + ms * n for n in nodes), autoregressive_ms=80.0,
+                        hardware={"kind": "synthetic-cpu", "device_name": "test CPU"})
+
+
+def test_retarget_to_a_file_with_a_batch_axis_searches_every_batch_size(tmp_path):
+    """The bundle gets ranges from batch size 1 (the top level: the batch-1 search), the report
+    a table by batch size, and a size where drafting costs more than it gains decodes plainly."""
+    from entmtp.calibrate import retarget_run
+    from entmtp.treesearch import BatchLatency
+
+    source = demo_run(tmp_path / "demo", schedule_trials=3)
+    batched = BatchLatency({1: _per_node(0.5), 4: _per_node(3.0), 16: _per_node(60.0)})
+    path = batched.save(tmp_path / "batched.json")
+    target = retarget_run(source.root, path, out=tmp_path / "batched-run")
+    bundle = load_bundle(target.bundle)
+    assert bundle.batch_sizes == (1, 4, 16)
+    assert bundle.batch_ranges[0].min_batch_size == 1
+    assert bundle.batch_ranges[-1].max_batch_size == 16
+    assert bundle.schedule(1) == bundle.schedule()
+    assert not bundle.batch_range(16).drafts and bundle.batch_range(1).drafts
+    for batch in bundle.batch_ranges:
+        for predicted in batch.predicted:
+            assert predicted.tokens_per_second >= predicted.autoregressive_tokens_per_second
+            assert predicted.tokens_per_second >= predicted.batch_one_tokens_per_second
+    report = target.report.read_text()
+    assert "## By batch size" in report
+    assert "| 16 | 200.00 | 0 nodes, 200.00 | plain decoding | 200.00 | 1.000x |" in report
+
+
 def test_the_console_reporter_stops_its_display_when_a_stage_fails():
     from entmtp.cli._progress import ConsoleReporter
 

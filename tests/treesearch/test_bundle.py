@@ -306,7 +306,9 @@ REJECTIONS = {
     # header and required fields
     "wrong-format": (_set(("format",), "medusa-tree"), "format", "not an entmtp bundle"),
     "missing-format": (_delete(("format",)), "format: missing", "not an entmtp bundle"),
-    "newer-version": (_set(("format_version",), 2), "format_version 2", "upgrade entmtp"),
+    "newer-version": (_set(("format_version",), 3), "format_version 3", "upgrade entmtp"),
+    "version-2-without-ranges": (_set(("format_version",), 2), "(top level)",
+                                 "'batch_ranges' is a required"),
     "version-zero": (_set(("format_version",), 0), "format_version", "expected 1"),
     "version-string": (_set(("format_version",), "1"), "format_version", "integer"),
     "missing-field": (_delete(("predicted",)), "(top level)", "'predicted' is a required"),
