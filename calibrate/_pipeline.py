@@ -338,7 +338,8 @@ def search_stage(
         progress(Event("search", "end"))
     bundle = make_bundle(outcome, profile, latency,
                          command=command if command is not None else command_line(),
-                         version=entmtp_version(), batch_choices=choices)
+                         version=entmtp_version(), batch_choices=choices,
+                         batch_latency=latencies)
     front = outcome_to_json(outcome, task=task)
     front.update(stamp)
     save_bundle(bundle, run.bundle)  # first: it validates what it writes; a refusal leaves no file

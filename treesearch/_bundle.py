@@ -37,6 +37,7 @@ from entmtp.core import EntmtpError, atomic_write_text, check_values, parse_json
 from entmtp.core import field_name as _field
 from entmtp.core import short as _short
 
+from ._batch_latency import BatchLatency
 from ._estimator import EntropyEstimator
 from ._latency import LatencyModel
 from ._schedule import Schedule, check_signal, check_thresholds
@@ -151,6 +152,9 @@ class Bundle:
     best_static: BestStatic | None = None
     latency: LatencyModel | None = None
     batch_ranges: list[BatchRange] = field(default_factory=list)  # empty: batch 1 only
+    # the step times of every batch size the ranges were searched with (``latency`` is its
+    # batch-1 model); written as the ``latency`` field's batch axis
+    batch_latency: BatchLatency | None = None
 
     def __post_init__(self) -> None:
         self.trees = list(self.trees)
@@ -344,7 +348,9 @@ def bundle_to_json(bundle: Bundle) -> dict[str, Any]:
             best["paths"] = bundle.best_static.tree.to_json()
         best["tokens_per_second"] = float(bundle.best_static.tokens_per_second)
         out["best_static"] = best
-    if bundle.latency is not None:
+    if bundle.batch_latency is not None:
+        out["latency"] = bundle.batch_latency.to_json()
+    elif bundle.latency is not None:
         out["latency"] = bundle.latency.to_json()
     if bundle.batch_ranges:
         out["batch_ranges"] = [_batch_range_json(batch) for batch in bundle.batch_ranges]
@@ -560,12 +566,14 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
                                         where=f"{source}: best_static.paths")
         best_static = BestStatic(best_tree, float(best_obj["tokens_per_second"]), index)
 
-    latency = None
+    latency = batch_latency = None
     if "latency" in obj:
         try:
-            latency = LatencyModel.from_json(obj["latency"])
+            read = BatchLatency.from_json(obj["latency"])
         except (EntmtpError, TypeError, ValueError, OverflowError) as err:
             raise EntmtpError(f"{source}: latency: {_short(str(err))}") from err
+        latency = read.for_batch(1)
+        batch_latency = read if read.batched else None
 
     batch_ranges = [_build_batch_range(batch_obj, f"{source}: batch_ranges[{i}]", topk=topk,
                                        num_heads=num_heads)
@@ -604,6 +612,7 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         best_static=best_static,
         latency=latency,
         batch_ranges=batch_ranges,
+        batch_latency=batch_latency,
     )
 
 

@@ -22,6 +22,7 @@ from ._acceptance import (
     entropy_bucket_edges,
     independence_error,
 )
+from ._batch_latency import BatchLatency
 from ._batch_search import BatchChoice, bundle_batch_ranges, search_by_batch
 from ._bundle import (
     BestStatic,
@@ -226,9 +227,11 @@ def make_bundle(
     command: str,
     version: str,
     batch_choices: Sequence[BatchChoice] = (),
+    batch_latency: BatchLatency | None = None,
 ) -> Bundle:
     """The bundle a runtime loads: the calibrated schedule with its predictions, and with
-    ``batch_choices`` (``search_by_batch_size``) its batch-size ranges."""
+    ``batch_choices`` (``search_by_batch_size`` under ``batch_latency``) its batch-size
+    ranges and the step times they were searched with."""
     meta = profile.meta
     result = outcome.schedule
     schedule = result.schedule
@@ -264,6 +267,7 @@ def make_bundle(
         best_static=BestStatic(static_tree, result.best_static.tokens_per_second, static_index),
         latency=latency,
         batch_ranges=bundle_batch_ranges(list(batch_choices)) if batch_choices else [],
+        batch_latency=batch_latency if batch_choices else None,
     )
 
 

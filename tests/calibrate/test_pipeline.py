@@ -142,6 +142,8 @@ def test_retarget_to_a_file_with_a_batch_axis_searches_every_batch_size(tmp_path
     target = retarget_run(source.root, path, out=tmp_path / "batched-run")
     bundle = load_bundle(target.bundle)
     assert bundle.batch_sizes == (1, 4, 16)
+    assert bundle.batch_latency.to_json() == batched.to_json()  # what the ranges were priced by
+    assert bundle.latency == batched[1]
     assert bundle.batch_ranges[0].min_batch_size == 1
     assert bundle.batch_ranges[-1].max_batch_size == 16
     assert bundle.schedule(1) == bundle.schedule()
