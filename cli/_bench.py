@@ -16,7 +16,6 @@ from typing import Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -43,6 +42,7 @@ from entmtp.evaluation import (
 )
 from entmtp.treesearch import Bundle
 
+from ._bench_batches import parse_batch_sizes, run_sweep_command
 from ._errors import user_errors
 from ._live import (
     check_bundle_fits,
@@ -75,6 +75,7 @@ from ._model_setup import (
     task_option,
 )
 from ._plots import check_plots
+from ._progress import output_console
 from ._typer_app import app
 
 
@@ -401,14 +402,23 @@ def bench(
     targets_file: Path | None = typer.Option(
         None, "--targets", help="A targets file (bench/targets.py): mark each bundle's "
         "prediction check PASS / MISS against its TARGETS."),
+    batch_sizes: str | None = typer.Option(
+        None, "--batch-sizes", help="Instead of one prompt at a time: the batch sweep of one "
+        "bundle, e.g. 1,2,4,8,16. At each size the prompts decode in batches of that many "
+        "(the last filled by wrapping around), plain decoding, the bundle's batch-1 schedule "
+        "and its schedule for that size side by side, each against the batched replay."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="The batch sweep at this "
+                                          "one batch size (--batch-sizes with one size)."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Measure autoregressive, static Medusa/Hydra trees and bundles side by side, live.
 
     Example: entmtp bench --task code --prompts 8 --bundle runs/code-medusa --bundle
     runs/code-hydra --plot bench.png --targets bench/targets.py
+
+    Example: entmtp bench --task code --head-type medusa --prompts 12 --batch-sizes 1,2,4,8,16
     """
-    console = Console()
+    console = output_console()
     targets = load_targets(targets_file) if targets_file is not None else ()
     check_head_type(head_type)
     check_engine(engine)
@@ -420,6 +430,17 @@ def bench(
 
         bundle_sources = pick_shipped_per_head_type(task, head_type, device=device, dtype=dtype)
     bundles = read_bundles(bundle_sources or [])
+    sweep_sizes = parse_batch_sizes(batch_sizes)
+    if batch_size is not None:
+        if sweep_sizes is not None:
+            raise EntmtpError("--batch-size is --batch-sizes with one size: give one of them")
+        sweep_sizes = parse_batch_sizes(str(batch_size), "--batch-size")
+    if sweep_sizes is not None and len(bundles) != 1:
+        raise EntmtpError(f"the batch sweep measures one bundle, got {len(bundles)}: give one "
+                          "--bundle, or --task with --head-type")
+    if sweep_sizes is not None and (plot is not None or targets):
+        raise EntmtpError("--plot and --targets are for the per-prompt bench: the batch sweep "
+                          "prints its tables and writes --json")
     thread_count, thread_source = measurement_threads(bundles, threads)
     task_name = task_for(task, data, bundle_task(bundles, task, data) or "chat")
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
@@ -434,6 +455,20 @@ def bench(
                       len(bundles) > 1)
             for path, bundle in bundles]
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
+    if sweep_sizes is not None:
+        arm = arms[0]
+        run_sweep_command(
+            console, base=base, heads=arm.heads, bundle_path=arm.path, bundle=arm.bundle,
+            encoded=encoded, batch_sizes=sweep_sizes, max_new_tokens=max_new_tokens,
+            engine=engine, graphs=graphs, pad=pad, threads=thread_count,
+            thread_source=thread_source, json_path=json_path,
+            title=f"batch sweep: {len(encoded)} {split} prompts of {task_name}, "
+                  f"{max_new_tokens} new tokens",
+            report={"model": base.name, "task": task_name, "data": data, "split": split,
+                    "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+                    "heads_sha256": arm.bundle.heads.sha256,
+                    "machine": bench_machine(base.model, thread_count)})
+        return
     methods, decoders = bench_methods(base, head_sets, arms, engine=engine, graphs=graphs,
                                       pad=pad)
     for note in dict.fromkeys(d.runtime_note for d in decoders):  # once

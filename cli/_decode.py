@@ -93,6 +93,10 @@ def decode(
     engine: str = ENGINE_OPTION,
     graphs: bool = GRAPHS_OPTION,
     pad: bool = PAD_OPTION,
+    batch_size: int = typer.Option(1, "--batch-size", help="Decode this many copies of the "
+                                   "prompt together as one batch, with the bundle's schedule for "
+                                   "that batch size (a bundle searched per batch size has one per "
+                                   "range); prints the text once and the whole batch's speed."),
 ) -> None:
     """Generate from a prompt with a bundle's entropy-switched trees, streaming the text.
 
@@ -102,6 +106,8 @@ def decode(
     Example: entmtp decode --task code --prompt "Write a function that reverses a list."
 
     Example: entmtp decode runs/code --prompt "Write a haiku about trees." --max-new-tokens 64
+
+    Example: entmtp decode --task code --prompt "Sort a list in Python." --batch-size 8
     """
     console = status_console()
     check_head_type(head_type)
@@ -109,6 +115,8 @@ def decode(
     check_max_new_tokens(max_new_tokens)
     if not prompt.strip():
         raise EntmtpError("--prompt is empty: give the text to continue")
+    if batch_size < 1:
+        raise EntmtpError(f"--batch-size {batch_size}: give 1 or more copies of the prompt")
     if source is not None and task is not None:
         raise EntmtpError(f"both a bundle ({source}) and --task {task}: give the bundle, or "
                           "--task to pick a shipped one, not both")
@@ -128,6 +136,9 @@ def decode(
     decoder = SpeculativeDecoder(base.model, draft_heads, topk=bundle.heads.topk, engine=engine,
                                  graphs=graphs,
                                  padded_nodes=runtime_padding(bundle.latency, pad=pad))
+    if batch_size > 1:
+        _decode_batch(console, decoder, bundle, base, ids, batch_size, max_new_tokens)
+        return
     stream = TextStream(base.tokenizer)
     options = {}
     if supports_step_callback(decoder):
@@ -154,3 +165,30 @@ def decode(
                         timed_here=timed_here)
     if slow is not None:
         warn(slow)
+
+
+def _decode_batch(console, decoder, bundle, base, ids: list[int], batch_size: int,
+                  max_new_tokens: int) -> None:
+    """``batch_size`` copies of the prompt as one batch: the text once on stdout (every row
+    decodes it, greedily, exactly), the batch's statistics on stderr."""
+    from entmtp.runtime import BundleScheduler
+
+    schedule = bundle.schedule(batch_size)
+    result = decoder.generate_batch([ids] * batch_size, BundleScheduler(schedule),
+                                    max_new_tokens=max_new_tokens,
+                                    eos_token_ids=sorted(base.eos_token_ids))
+    first = result.rows[0]
+    typer.echo(base.tokenizer.decode(list(first.tokens), skip_special_tokens=True))
+    if any(list(row.tokens) != list(first.tokens) for row in result.rows):
+        raise EntmtpError("the rows of one prompt decoded different tokens: a runtime bug, "
+                          "please report it with the command line")
+    trees = ", ".join(str(tree.num_nodes) for tree in schedule.trees)
+    serving = bundle.batch_range(batch_size)
+    range_words = ("the bundle's schedule" if serving is None else
+                   f"the schedule of batch sizes {serving.min_batch_size}-"
+                   f"{serving.max_batch_size}")
+    console.print(f"batch of {batch_size}: {result.decode_tokens} tokens in {result.steps} batch "
+                  f"steps, {result.mean_accept_length:.3f} tokens per row-step; "
+                  f"{result.decode_tokens_per_second:.2f} tokens/s for the whole batch; "
+                  f"{range_words} (trees of {trees} nodes)", markup=False, highlight=False)
+    console.print(f"[dim]{escape(decoder.runtime_note)}[/dim]", highlight=False)

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from entmtp.core import EntmtpError
 from entmtp.evaluation import (
     RATE_DEFINITION,
     EncodedPrompt,
@@ -37,6 +38,7 @@ from entmtp.evaluation import (
 )
 from entmtp.treesearch import runtime_padding
 
+from ._bench_batches import run_sweep_command
 from ._errors import user_errors
 from ._live import (
     bundle_source,
@@ -131,6 +133,11 @@ def validate(
     graphs: bool = GRAPHS_OPTION,
     pad: bool = PAD_OPTION,
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Decode the prompts in batches of "
+                                   "this many (the last filled by wrapping around) with the "
+                                   "bundle's schedule for that size, beside plain decoding and "
+                                   "the batch-1 schedule, each against the batched replay of the "
+                                   "same trajectories (as bench --batch-sizes)."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Decode held-out prompts live with a bundle's schedule and compare with its prediction.
@@ -141,12 +148,16 @@ def validate(
     Example: entmtp validate --task code --prompts 8
 
     Example: entmtp validate runs/code --prompts 8 --json validate.json
+
+    Example: entmtp validate --task code --prompts 12 --batch-size 4
     """
     console = output_console()
     status = status_console()
     check_head_type(head_type)
     check_engine(engine)
     check_max_new_tokens(max_new_tokens)
+    if batch_size < 1:
+        raise EntmtpError(f"--batch-size {batch_size}: give 1 or more prompts per batch")
     bundle_path, bundle, picked = bundle_source(source, task, head_type, model=model,
                                                 device=device, dtype=dtype)
     task_name = task_for(task, data, bundle.task)
@@ -158,6 +169,17 @@ def validate(
                                  bundle.heads.sha256)
     timed_here = check_bundle_fits(bundle, base, draft_heads, hardware_warnings=not picked)
     encoded = encode_prompts(base, task_prompts, max_new_tokens)
+    if batch_size != 1:
+        run_sweep_command(
+            console, base=base, heads=draft_heads, bundle_path=bundle_path, bundle=bundle,
+            encoded=encoded, batch_sizes=(batch_size,), max_new_tokens=max_new_tokens,
+            engine=engine, graphs=graphs, pad=pad, threads=None, thread_source="torch's",
+            json_path=json_path, title=f"validate: {len(encoded)} {split} prompts of "
+                                      f"{task_name}",
+            report={"model": base.name, "task": task_name, "data": data, "split": split,
+                    "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+                    "heads_sha256": bundle.heads.sha256})
+        return
 
     from entmtp.runtime import BundleScheduler, SpeculativeDecoder
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from entmtp.core import lazy_attributes
 
 if TYPE_CHECKING:
+    from ._batch_bench import SweepAtSize, run_batch_sweep, sweep_measured_runs
     from ._benchmark import (
         AUTOREGRESSIVE,
         BEST_STATIC,
@@ -77,6 +78,7 @@ __all__ = [
     "bench_methods",
     "bench_rows",
     "BundleArm",
+    "run_batch_sweep",
     "check_departure",
     "paired_ratio_interval",
 ]
@@ -84,6 +86,8 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
+    "SweepAtSize",
+    "sweep_measured_runs",
     "quartiles",
     "AUTOREGRESSIVE",
     "BEST_STATIC",
@@ -120,6 +124,7 @@ _LAYER_API = [
 
 # module -> the names above it defines, imported on first use
 _LAZY = {
+    "._batch_bench": ("SweepAtSize", "run_batch_sweep", "sweep_measured_runs"),
     "._benchmark": (
         "AUTOREGRESSIVE",
         "BEST_STATIC",

@@ -572,3 +572,38 @@ def test_a_bundle_timed_on_another_cpu_model_is_named_with_the_fix():
     assert cpu_mismatch(SimpleNamespace(latency=None), "cpu", epyc) is None
     assert cpu_mismatch(bundle(kind="measured", device="cpu"), "cpu", epyc) is None
     assert cpu_mismatch(xeon, "cpu", CpuInfo(name="unknown", signature=None)) is None
+
+
+def test_the_batch_sweep_writes_a_lossless_table_per_batch_size(two, tmp_path):
+    """--batch-sizes: one table per size, plain decoding / batch-1 bundle / entmtp rows, every
+    row lossless and its accept length the batched replay's; the JSON holds every size."""
+    out = tmp_path / "sweep.json"
+    result = invoke(["bench", "--model", two.model, "--heads", two.medusa_heads, "--data",
+                     two.data, "--split", "all", "--bundle", two.medusa_run, "--prompts", 4,
+                     "--max-new-tokens", 10, "--batch-sizes", "1,3", "--threads", 1,
+                     "--json", out])
+    assert result.exit_code == 0, result.output
+    assert "batch size 1 (4 batches)" in result.output
+    assert "batch size 3 (2 batches)" in result.output
+    report = json.loads(out.read_text())
+    assert [at["batch_size"] for at in report["sweep"]] == [1, 3]
+    for at in report["sweep"]:
+        assert [row["name"] for row in at["rows"]] == ["autoregressive", "batch-1 bundle",
+                                                       "entmtp"]
+        for row in at["rows"]:
+            assert row["lossless"]
+            assert row["accept_over_predicted"] == pytest.approx(1.0, abs=0.01)
+    assert not any("accept length" in line or "not lossless" in line
+                   for line in report["findings"])
+
+
+def test_the_batch_sweep_refuses_in_one_line_what_it_cannot_run(two, tmp_path):
+    args = [*bench_args(two), "--prompts", 2, "--max-new-tokens", 4]
+    assert_one_line_error(invoke([*args, "--bundle", two.medusa_run, "--bundle", two.hydra_run,
+                                  "--batch-sizes", "1,2"]), "one bundle")
+    assert_one_line_error(invoke([*args, "--bundle", two.medusa_run, "--batch-sizes", "0,2"]),
+                          "--batch-sizes")
+    assert_one_line_error(invoke([*args, "--bundle", two.medusa_run, "--batch-sizes", "2",
+                                  "--batch-size", "2"]), "--batch-size")
+    assert_one_line_error(invoke([*args, "--bundle", two.medusa_run, "--batch-size", "2",
+                                  "--plot", tmp_path / "x.png"]), "--plot")

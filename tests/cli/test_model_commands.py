@@ -223,6 +223,31 @@ def test_decode_prints_the_greedy_text_and_stats(varied):
     assert "synthetic latency model" in speed
 
 
+def test_decode_batch_size_decodes_copies_of_the_prompt_as_one_batch(varied):
+    """--batch-size: the text once on stdout (every row decodes it greedily), the batch's speed
+    on stderr; validate --batch-size runs the batch sweep at that size, lossless."""
+    from entmtp.model._base_model import load_base_model
+    from entmtp.runtime._decode import autoregressive_generate
+
+    prompt, max_new = "Hello there", 12
+    result = invoke(["decode", varied.run, "--prompt", prompt, "--max-new-tokens", max_new,
+                     "--model", varied.model, "--heads", varied.medusa, "--batch-size", 3])
+    assert result.exit_code == 0, result.output
+    base = load_base_model(varied.model)
+    greedy = autoregressive_generate(base.model, base.encode_prompt(prompt),
+                                     max_new_tokens=max_new,
+                                     eos_token_ids=sorted(base.eos_token_ids))
+    assert result.stdout == base.tokenizer.decode(greedy.tokens, skip_special_tokens=True) + "\n"
+    assert "batch of 3:" in result.stderr and "tokens/s for the whole batch" in result.stderr
+    assert_one_line_error(invoke(["decode", varied.run, "--prompt", prompt, "--model",
+                                  varied.model, "--heads", varied.medusa, "--batch-size", 0]),
+                          "--batch-size")
+    result = invoke(["validate", varied.run, *model_args(varied), "--prompts", 3,
+                     "--max-new-tokens", 8, "--batch-size", 2])
+    assert result.exit_code == 0, result.output
+    assert "batch size 2 (2 batches)" in result.stdout and " NO " not in result.stdout
+
+
 def _timed(varied, path: Path, tokens_per_second: float) -> Path:
     """The calibrated bundle as if its latency model had been measured on a CPU like this
     one, predicting ``tokens_per_second``."""

@@ -94,7 +94,7 @@ def test_ranges_cover_every_size_from_one_and_merge_equal_neighbours(profile):
     choices = search_by_batch(profile, LATENCIES, batch_one=_batch_one(), search_at=_search_at)
     ranges = batch_ranges(choices)
     assert ranges[0].min_batch_size == 1 and ranges[-1].max_batch_size == 16
-    for before, after in zip(ranges, ranges[1:]):
+    for before, after in zip(ranges, ranges[1:], strict=False):
         assert after.min_batch_size == before.max_batch_size + 1
         assert after.schedule != before.schedule
     assert sum(len(r.choices) for r in ranges) == len(choices)
