@@ -13,7 +13,7 @@ from ._batch_exports import (
     vllm_batch_schedule,
 )
 from ._batch_latency import MAX_BATCH_SIZE, BatchLatency, import_step_times
-from ._batch_replay import BatchReplayResult, batch_replay, batch_rows
+from ._batch_replay import batch_replay, batch_rows
 from ._bundle import Bundle, load_bundle, save_bundle
 from ._estimator import EntropyEstimator
 from ._exports import EXPORT_FORMATS, export_bundle
@@ -74,7 +74,6 @@ __all__ = [
 # What entmtp's upper layers and bench scripts import from this package besides __all__: not a
 # stable API.
 _LAYER_API = [
-    "BatchReplayResult",
     "batch_replay",
     "batch_rows",
     "search_by_batch_size",
