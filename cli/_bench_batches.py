@@ -48,7 +48,8 @@ def _ratio_cell(row: dict[str, Any], baseline: str) -> str:
 
 
 def sweep_table(at: SweepAtSize, title: str) -> Table:
-    table = Table(title=f"{title}: batch size {at.batch_size} ({at.batches} batches)",
+    batches = f"{at.batches} batch{'es' if at.batches != 1 else ''}"
+    table = Table(title=f"{title}: batch size {at.batch_size} ({batches})",
                   box=box.SIMPLE_HEAD)
     for header in ("method", "trees", "tokens/s", "vs plain [95%]", "vs batch-1 [95%]",
                    "accept (pred.)", "tok/s / pred.", "lossless"):
