@@ -23,6 +23,7 @@ per-sequence replay exactly (``Replayer.run_schedule``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,10 +78,14 @@ def batch_rows(num_traces: int, batch_size: int) -> list[list[int]]:
             for b in range(batches)]
 
 
-def batch_replay(replayer: Replayer, schedule: Schedule, batch_size: int) -> BatchReplayResult:
+def batch_replay(
+    replayer: Replayer, schedule: Schedule, batch_size: int, *,
+    rule: Callable[[Sequence[float]], float] = batch_estimate,
+) -> BatchReplayResult:
     """Replay ``schedule`` (whose trees are ``replayer.trees``, in order) on batches of
     ``batch_size`` of ``replayer.profile``'s trajectories, priced by ``replayer.latency`` (the
-    model of this batch size)."""
+    model of this batch size). ``rule``: the one estimate a step chooses from, of the live
+    rows' (the runtime's ``batch_estimate``; others for comparing rules)."""
     if tuple(schedule.trees) != tuple(replayer.trees):
         raise EntmtpError("batch replay: the schedule's trees must be the replayer's, in order")
     one_tree = len(schedule.trees) == 1
@@ -106,7 +111,7 @@ def batch_replay(replayer: Replayer, schedule: Schedule, batch_size: int) -> Bat
             if one_tree:
                 tree = 0
             else:
-                mean = batch_estimate(estimates[position[live]].tolist())
+                mean = rule(estimates[position[live]].tolist())
                 tree = int(np.searchsorted(thresholds, mean, side="right"))
             step_ms.append(float(costs[tree, after_empty]))
             tree_steps[tree] += 1
