@@ -31,7 +31,7 @@
 #   device call 3: bench/gpu_check.sh run       carry .gpu/part3 .gpu/payload: joins the model
 #                  and checks its sha256, puts the heads back, redoes what (a) and (b) left
 #                  missing (every curve and bundle the bench reads), fills the model cache,
-#                  (c), (d)
+#                  (c), (d), and (e) the batch sweep (B up to 32) with what is left
 #                  -> $OUT/gpu-check.tgz (the first call's results in it too)
 #   here:          bench/gpu_check.sh full
 #
@@ -78,6 +78,9 @@ BENCH_S=200
 LOW_PRECISION_S=120
 LOW_PRECISION_RESERVE_S=60  # kept from the benches for the low-precision check
 LOW_PRECISION_PROMPTS=${LOW_PRECISION_PROMPTS:-4}
+BATCH_SWEEP_S=240      # (e) only with what the planned stages left: never cuts them
+BATCH_SIZES=${BATCH_SIZES:-1,2,4,8,16,32}
+BATCH_NODE_COUNTS=${BATCH_NODE_COUNTS:-0,1,2,3,4,6,8,12,16,24,32}
 RETARGET_ARGS=${RETARGET_ARGS:---max-nodes 128}
 DRY_RUN=${DRY_RUN:-0}  # 1 (the rehearsal): no deadline, no stage cut or skipped for time
 DRY_RUN_STAGE_S=1800   # a dry run's stage limit: only a guard against a hang
@@ -548,6 +551,37 @@ low_precision_stage() {
         || { status=$?; echo "low-precision check failed (exit $status)" >&2; }
 }
 
+batch_sweep_stage() {
+    # (e) the batch sweep with graphs (code, Medusa heads): the batched latency curve (random
+    # weights), the per-batch search of the code profile, then plain decoding, the batch-1
+    # schedule and the batch-aware one live at every size (entmtp bench --batch-sizes). Runs
+    # after the planned stages, in what they left, each step cut to it.
+    local limit start=$SECONDS dir=$results/batch
+    mkdir -p "$dir"
+    limit=$(stage_limit "$BATCH_SWEEP_S")
+    (( limit > 0 )) || { echo "batch sweep: skipped, no time left after the planned stages" >&2; return 0; }
+    timeout "$limit" "${ENTMTP[@]}" latency --random-weights --model "$LATENCY_MODEL" \
+        --dtype "$DTYPE" --device "$DEVICE" --heads trees/heads/smollm2-135m-medusa \
+        --batch-sizes "$BATCH_SIZES" --node-counts "$BATCH_NODE_COUNTS" \
+        --context-lengths "$CONTEXT_LENGTHS" --repeats "$REPEATS" \
+        --max-seconds $((limit > 40 ? limit / 3 : limit / 2)) --out "$dir/latency-medusa.json" \
+        || { status=$?; echo "batch sweep latency: failed (exit $status)" >&2; return 0; }
+    limit=$(stage_limit "$BATCH_SWEEP_S")
+    (( limit > 0 )) || { echo "batch sweep: search skipped, out of time" >&2; return 0; }
+    timeout "$limit" "${ENTMTP[@]}" retarget trees/profiles/code-medusa \
+        --latency "$dir/latency-medusa.json" --max-nodes "${BATCH_NODE_COUNTS##*,}" \
+        --out "$dir/code-medusa" > "$dir/search.log" 2>&1 \
+        || { status=$?; echo "batch sweep search: failed (exit $status)" >&2; return 0; }
+    limit=$(stage_limit "$BATCH_SWEEP_S")
+    (( limit > 0 )) || { echo "batch sweep: bench skipped, out of time" >&2; return 0; }
+    timeout "$limit" "${ENTMTP[@]}" bench --task code --data ".gpu/payload/prompts/code.jsonl" \
+        --split all --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW_TOKENS" \
+        --device "$DEVICE" --dtype "$DTYPE" --bundle "$dir/code-medusa" \
+        --batch-sizes "$BATCH_SIZES" --json "$dir/bench-code-medusa.json" \
+        || { status=$?; echo "batch sweep bench: failed (exit $status)" >&2; }
+    took "batch sweep" "$start"
+}
+
 # `source bench/gpu_check.sh functions` gives another script (bench/gpu_heads.sh) the functions
 # above without running a phase.
 if [[ $phase == functions ]]; then return 0 2>/dev/null || exit 0; fi
@@ -665,6 +699,7 @@ run)
     model_cache_stage
     bench_stage
     low_precision_stage
+    batch_sweep_stage
     trap - TERM
     pack_results gpu-check.tgz
     exit $status
