@@ -51,10 +51,12 @@ from entmtp.treesearch import (
 
 from ._rundir import (
     RunDir,
+    calibrate_fix,
     check_report,
     check_run_arguments,
     check_run_outputs,
     inputs_digest,
+    is_shipped,
     load_acceptance,
     load_front,
     load_front_header,
@@ -62,6 +64,7 @@ from ._rundir import (
     record_run_arguments,
     remove_stale_temp_files,
     removed_on_failure,
+    shipped_path,
     start_afresh,
 )
 
@@ -483,9 +486,12 @@ def source_run(source: Path) -> RunDir:
     if source.is_file():
         run = RunDir(source.parent)
         if not run.profile.is_file() or not run.front.is_file():
+            fix = ("re-run `entmtp calibrate --latency FILE` to search for other hardware"
+                   if not is_shipped(source) else "retarget the shipped profile it was searched "
+                   f"on instead (`entmtp retarget {shipped_path('profiles')}/TASK-TYPE --latency "
+                   "FILE --out runs/NAME`)")
             raise EntmtpError(f"{source} is a bare bundle: retarget needs the run folder it came "
-                              "from (profile.npz + front.json); re-run `entmtp calibrate "
-                              "--latency FILE` to search for other hardware")
+                              f"from (profile.npz + front.json); {fix}")
         return run
     if not source.is_dir():
         raise EntmtpError(f"{source} does not exist: pass a run folder written by entmtp "
@@ -493,15 +499,15 @@ def source_run(source: Path) -> RunDir:
     run = RunDir(source)
     if not run.profile.is_file():
         raise EntmtpError(f"{source} has no profile.npz: retarget re-searches a calibration run's "
-                          f"profile; run `entmtp calibrate --out {source}` first")
+                          f"profile; {calibrate_fix(run)}")
     return run
 
 
 def run_settings(front: Mapping[str, Any], run: RunDir) -> SearchSettings:
     settings = front.get("settings")
     if not isinstance(settings, dict):
-        raise EntmtpError(f"{run.front} records no search settings: re-run the search "
-                          f"(entmtp calibrate --out {run.root}) before retargeting")
+        raise EntmtpError(f"{run.front} records no search settings: re-run the search before "
+                          f"retargeting: {calibrate_fix(run)}")
     try:
         return SearchSettings(**settings)
     except TypeError as err:
@@ -528,7 +534,9 @@ def retarget_run(
     target_latency = BatchLatency.load(latency_file)
     _warn(progress, check_batch_latency(target_latency, strict=False, source=str(latency_file)))
     slug = hardware_slug(target_latency[target_latency.batch_sizes[0]].hardware)
-    target = RunDir(out if out is not None else run.root.parent / f"{run.root.name}-{slug}")
+    # beside the source run; a shipped profile's under runs/: nothing writes into trees/
+    folder = Path("runs") if is_shipped(run.root) else run.root.parent
+    target = RunDir(out if out is not None else folder / f"{run.root.name}-{slug}")
     check_run_outputs(target)  # first: resolve() fails on a symlink loop
     if target.root.resolve() == run.root.resolve():
         raise EntmtpError(f"--out {target.root} is the source run: choose a new folder")

@@ -9,6 +9,7 @@ import hashlib
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from entmtp.core import (
@@ -104,31 +105,69 @@ def missing_folders(folder: Path) -> list[Path]:
     return missing
 
 
+def shipped_path(*parts: str) -> Path:
+    """A path in the data entmtp ships (trees/), relative to the working folder when under it
+    (as a user of a clone types it)."""
+    path = Path(str(resources.files("entmtp.trees"))).joinpath(*parts)
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def is_shipped(folder: Path) -> bool:
+    """``folder`` lies in the data entmtp ships (trees/), which no command writes into."""
+    try:
+        shipped = shipped_path()
+    except ModuleNotFoundError:  # pragma: no cover - a broken install
+        return False
+    return folder.resolve().is_relative_to(shipped.resolve())
+
+
+def calibrate_fix(run: RunDir, *, again: bool = False) -> str:
+    """The command that makes ``run``'s files (``again``: anew, deleting the damaged one); for a
+    folder entmtp ships, which no command writes into, a run folder of one's own instead."""
+    if is_shipped(run.root):
+        return ("it ships with entmtp, and no command writes into it: calibrate into a run "
+                "folder of your own (`entmtp calibrate --out runs/NAME`)"
+                + (", or reinstall entmtp" if again else ""))
+    if again:
+        return f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    return f"run `entmtp calibrate --out {run.root}` first"
+
+
 def check_report(run: RunDir) -> None:
     """A finished search's report.md must be text with something in it."""
     if not read_text(run.report, source=f"report {run.report}").strip():
         raise EntmtpError(f"{run.report} is empty")
 
 
+# What a profile folder's front.json holds (trees/profiles/): the search's header alone.
+HEADER_KEYS = frozenset({"format", "task", "settings"})
+
+
 def _read_front(run: RunDir) -> tuple[dict, str, str]:
     """``front.json`` as read (not checked), with the source and fix its messages name."""
     if not run.front.exists() and not run.front.is_symlink():
-        raise EntmtpError(
-            f"{run.root} has no front.json: run `entmtp calibrate --out {run.root}` first"
-        )
+        raise EntmtpError(f"{run.root} has no front.json: {calibrate_fix(run)}")
     source = f"front file {run.front}"
-    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    fix = calibrate_fix(run, again=True)
     return read_json(run.front, source=source, fix=fix), source, fix
 
 
 def load_front(run: RunDir) -> dict:
-    """``front.json``, checked for every field ``pareto`` and ``retarget`` read."""
+    """``front.json``, checked for every field ``pareto`` and ``retarget`` read. A profile
+    folder's front.json (trees/profiles/) holds only the search settings: its front is found by
+    searching the profile under a latency model, into a run folder of one's own."""
     front, source, fix = _read_front(run)
+    if isinstance(front, dict) and "front" not in front and set(front) <= HEADER_KEYS:
+        raise EntmtpError(
+            f"{run.root} holds a profile and its search settings, not a searched front: search "
+            f"it under a latency model first (`entmtp retarget {run.root} --latency LATENCY.json "
+            "--out runs/NAME`; `entmtp latency` measures one, trees/latency/ ships some), then "
+            "give that run folder")
     check_front(front, source=source, fix=fix)
     return front
-
-
-HEADER_KEYS = frozenset({"format", "task", "settings"})
 
 
 def load_front_header(run: RunDir) -> dict:
@@ -196,10 +235,10 @@ def check_front(front: dict, *, source: str, fix: str) -> None:
 
 def load_acceptance(run: RunDir) -> AcceptanceTable:
     source = f"acceptance file {run.acceptance}"
-    fix = f"delete it and re-run `entmtp calibrate --out {run.root}`"
+    fix = calibrate_fix(run, again=True)
     if not run.acceptance.exists():
-        raise EntmtpError(f"{run.acceptance} is missing: re-run the search stage "
-                          f"(entmtp calibrate --out {run.root})")
+        raise EntmtpError(f"{run.acceptance} is missing: re-run the search stage: "
+                          f"{calibrate_fix(run)}")
     obj = read_json(run.acceptance, source=source, fix=fix)
     try:
         return AcceptanceTable.from_json(obj)

@@ -51,16 +51,25 @@ def calibrate(
     out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/TASK-TYPE)."),
     latency: Path | None = typer.Option(None, "--latency", help="Use a latency model measured "
                                         "elsewhere (entmtp latency) instead of measuring here."),
-    num_shards: int | None = typer.Option(None, "--num-shards"),
-    shard_index: int | None = typer.Option(None, "--shard-index"),
+    num_shards: int | None = typer.Option(None, "--num-shards", help="Profile in S shards (one "
+                                          "process or machine each, sharing --out; default: "
+                                          "torchrun's WORLD_SIZE, else 1); run once more "
+                                          "without shard options to merge them."),
+    shard_index: int | None = typer.Option(None, "--shard-index", help="Which shard this "
+                                           "process profiles, 0..S-1 (with --num-shards; "
+                                           "default: torchrun's RANK)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage: journal:PATH or "
                                        "an RDB URL, shared by several workers."),
-    schedule_trials: int = typer.Option(_DEFAULT.schedule_trials, "--schedule-trials"),
+    schedule_trials: int = typer.Option(_DEFAULT.schedule_trials, "--schedule-trials",
+                                        help="Optuna trials of the entropy-schedule search."),
     validation_folds: int = typer.Option(
         _DEFAULT.validation_folds, "--validation-folds", help="Ship a switching schedule only if "
         "it also beats the static tree on prompts left out of its search (K-fold; 0: off)."),
-    shape_trials: int = typer.Option(_DEFAULT.shape_trials, "--shape-trials"),
-    max_nodes: int = typer.Option(_DEFAULT.max_nodes, "--max-nodes"),
+    shape_trials: int = typer.Option(_DEFAULT.shape_trials, "--shape-trials", help="Optuna "
+                                     "NSGA-II trials of tree shapes per front, beside the "
+                                     "greedy trees (0: the greedy trees only)."),
+    max_nodes: int = typer.Option(_DEFAULT.max_nodes, "--max-nodes", help="Largest tree the "
+                                  "search considers (draft tokens per step)."),
     batch_size: int = typer.Option(_DEFAULT.batch_size, "--batch-size", help="Prompts generated "
                                    "together."),
     strict: bool = STRICT_OPTION,

@@ -24,6 +24,7 @@ from entmtp.treesearch import (
 
 from ._errors import user_errors
 from ._model_setup import FORCE_OPTION
+from ._sources import resolve_bundle_path, shipped_profile  # decode's reader too
 from ._typer_app import app
 
 # the draft length per batch size of a serving runtime: format -> runtime
@@ -31,32 +32,26 @@ BATCH_FORMATS = {f"{runtime}-batch": runtime for runtime in BATCH_SCHEDULE_FORMA
 _BATCH_WRITERS = {"vllm": vllm_batch_schedule, "trtllm": trtllm_draft_len_schedule}
 
 
-def resolve_bundle_path(source: Path) -> Path:
-    """A bundle file, or a run folder holding bundle.json."""
-    if source.is_dir():
-        path = RunDir(source).bundle
-        if not path.exists():
-            raise EntmtpError(f"{source} has no bundle.json: run `entmtp calibrate --out {source}`")
-        return path
-    if not source.exists():
-        near = close_match(source)
-        hint = f" (did you mean {near}?)" if near is not None else ""
-        raise EntmtpError(f"{source} does not exist{hint}: give a bundle.json or a run folder")
-    return source
+# The runtimes of the tree formats, as their warnings name them.
+RUNTIME_NAMES = {"medusa": "FasterDecoding/Medusa", "trtllm": "TensorRT-LLM"}
 
 
-def close_match(missing: Path) -> Path | None:
-    """The bundle file or folder beside ``missing`` whose name is closest to its name, when one
-    is close (a mistyped bundle name)."""
-    import difflib
+def no_heads_of_type(head_type: str, fmt: str) -> str:
+    """Why a tree searched for ``head_type`` heads (not Medusa's) is out of place in ``fmt``:
+    the runtime drafts with Medusa heads only, whose acceptance the tree was not chosen for."""
+    runtime, heads = RUNTIME_NAMES[fmt], head_type.capitalize()
+    return (f"{runtime} has no {heads} heads, only Medusa heads: this tree was chosen for "
+            f"{heads} heads' acceptance, not for the Medusa heads it would draft with there; "
+            f"export a medusa bundle for {runtime} (`entmtp bundles` lists them)")
 
-    folder = missing.parent
-    try:
-        names = [p.name for p in folder.iterdir() if p.is_dir() or p.suffix == ".json"]
-    except OSError:
-        return None
-    found = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.75)
-    return folder / found[0] if found else None
+
+def _profile_hint(bundle) -> str:  # noqa: ANN001 - a Bundle
+    """Where the profile a bundle was searched on is: the shipped one, when entmtp ships it."""
+    folder = shipped_profile(bundle)
+    if folder is not None:
+        return (f"give --profile {folder / 'profile.npz'} (the shipped profile it was "
+                "searched on)")
+    return "give the run folder (with profile.npz) or --profile PROFILE.npz"
 
 
 def _run_profile(source: Path, profile: Path | None) -> Path | None:
@@ -73,7 +68,8 @@ def _run_profile(source: Path, profile: Path | None) -> Path | None:
 def export_command(
     source: Path = typer.Argument(..., help="A run folder or a bundle.json."),
     fmt: str = typer.Option(
-        "entmtp", "--format", help=f"One of: {', '.join([*EXPORT_FORMATS, *BATCH_FORMATS])}. "
+        "entmtp", "--format", metavar="<format>",
+        help=f"One of: {', '.join([*EXPORT_FORMATS, *BATCH_FORMATS])}. "
         "vllm is the tree of vLLM <= 0.20.2; vllm-chain the best chain (num_speculative_tokens) "
         "for later vLLM; vllm-batch and trtllm-batch the best chain length per batch size "
         "(vLLM num_speculative_tokens_per_batch_size, TensorRT-LLM draft_len_schedule) from "
@@ -119,10 +115,10 @@ def export_command(
             what = f"{fmt} searches the best chain per batch size"
         else:
             what = "--refit-ranks re-searches the tree"
-        raise EntmtpError(
-            f"{what} on the bundle's profile, which {source} does not hold: give the run folder "
-            "(with profile.npz) or --profile PROFILE.npz"
-        )
+        raise EntmtpError(f"{what} on the bundle's profile, which {source} does not hold: "
+                          f"{_profile_hint(bundle)}")
+    if fmt in ("medusa", "trtllm") and bundle.heads.type != "medusa":
+        typer.echo(f"entmtp: warning: {no_heads_of_type(bundle.heads.type, fmt)}", err=True)
     if fmt in BATCH_FORMATS:
         _export_batch_schedule(source, bundle.heads.type, fmt, profile_path, latency, out, force)
         return

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.calibrate import TrainArguments, train_heads_run
-from entmtp.core import EntmtpError
+from entmtp.core import HEAD_TYPES, EntmtpError
 
 from ._errors import user_errors
 from ._model_setup import (
@@ -90,10 +90,26 @@ class TrainProgress(StageProgress):
         super().__call__(stage, done, total)
 
 
+def one_head_type(head_type: str | None, type_alias: str | None) -> str:
+    """``--head-type``, or ``--type``: its old name, hidden from the help."""
+    if head_type is not None and type_alias is not None and head_type != type_alias:
+        raise EntmtpError(f"--head-type {head_type} and --type {type_alias} disagree: give "
+                          "--head-type alone")
+    chosen = head_type if head_type is not None else type_alias
+    option = "--head-type" if head_type is not None else "--type"
+    if chosen is None:
+        raise EntmtpError("give --head-type medusa or --head-type hydra: the heads to train")
+    if chosen not in HEAD_TYPES:
+        raise EntmtpError(f"{option} {chosen!r}: use one of {', '.join(HEAD_TYPES)}")
+    return chosen
+
+
 @heads_app.command("train")
 @user_errors
 def train(
-    head_type: str = typer.Option(..., "--type", help="medusa or hydra."),
+    head_type: str | None = typer.Option(None, "--head-type", help="The heads to train "
+                                         "(required)."),
+    type_alias: str | None = typer.Option(None, "--type", hidden=True),  # its old name
     out: Path = typer.Option(..., "--out", help="Folder to write the entmtp heads to."),
     model: str | None = MODEL_OPTION,
     task: list[str] = typer.Option(["chat"], "--task", help="code, chat, math or lit; repeat "
@@ -123,8 +139,9 @@ def train(
                                            "heads folder of the same type instead of random "
                                            "heads (go on training with more data, another "
                                            "--loss or --lr)."),
-    epochs: int = typer.Option(3, "--epochs"),
-    lr: float = typer.Option(1e-3, "--lr"),
+    epochs: int = typer.Option(3, "--epochs", help="Passes over the training positions."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate of AdamW (a warm-up, then "
+                             "a cosine decay to zero by the last step)."),
     batch_size: int = typer.Option(256, "--batch-size", help="Positions per optimizer step."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Greedy tokens per "
                                        "prompt (self-distill)."),
@@ -158,10 +175,12 @@ def train(
     The base model runs on --device in --dtype; the heads train in float32 whatever --dtype
     (calibrate._train.fit_heads says why) and are stored in float16.
 
-    Example: entmtp heads train --type medusa --task chat --task code --prompts 200 --out heads/m
+    Example: entmtp heads train --head-type medusa --task chat --task code --prompts 200
+    --out heads/m
 
-    Example: entmtp heads train --type hydra --from-data data/smollm2 --out heads/h
+    Example: entmtp heads train --head-type hydra --from-data data/smollm2 --out heads/h
     """
+    head_type = one_head_type(head_type, type_alias)
     arguments = TrainArguments(
         head_type=head_type, out=out, model=model, tasks=task, data=data, from_data=from_data,
         allow_unfinished=allow_unfinished, from_shard=from_shard, split=split, prompts=prompts,
@@ -219,7 +238,10 @@ def data_command(
     stored as int32 token shards for `entmtp heads train --from-data` (another run, another
     machine; one data folder trains both head types).
 
-    Example: entmtp heads data --task chat --data gsm8k-train.jsonl --out data/smollm2
+    Example: entmtp heads data --task chat --task code --prompts 200 --out data/smollm2
+
+    Example (held-out prompts, for `entmtp heads eval`): entmtp heads data --task chat --split
+    heldout --prompts 32 --out data/heldout
     """
     device, dtype_name = check_device_and_dtype(device, dtype)
     if not task and not data:
@@ -276,8 +298,9 @@ def eval_command(
                                    "data` (e.g. held-out prompts) for this model."),
     heads: list[str] = typer.Option(..., "--heads", help="entmtp heads folder; repeat to "
                                     "compare several on the same data."),
-    trees: list[str] = typer.Option(["mc_sim_7b_63"], "--tree", help="Shipped reference "
-                                    "tree whose accept length to replay; repeat for several."),
+    trees: list[str] = typer.Option(["mc_sim_7b_63"], "--tree", metavar="<name>",
+                                    help="Shipped reference tree (trees/NAME.json) whose "
+                                    "accept length to replay; repeat for several."),
     model: str | None = MODEL_OPTION,
     forward_batch: int = typer.Option(16, "--forward-batch", help="Sequences per "
                                       "teacher-forced forward."),
@@ -290,7 +313,8 @@ def eval_command(
     true prefix), and each --tree's mean accept length replayed on the same positions, for
     heads side by side on the same trajectories.
 
-    Example: entmtp heads eval --from-data eval-data --heads old/medusa --heads new/medusa
+    Example: entmtp heads eval --from-data data/heldout --heads trees/heads/smollm2-135m-medusa
+    --heads heads/m
     """
     device, _ = check_device_and_dtype(device, dtype)
     if forward_batch < 1:
@@ -361,8 +385,8 @@ def draft_vocab_command(
     is unchanged, so decoding stays lossless). The new heads have a new sha256: profile and
     search again for them, and time them with `entmtp latency --draft-vocab-size`.
 
-    Example: entmtp heads draft-vocab --heads trees/heads/smollm2-135m-hydra --from-data data
-    --size 16384 --out heads-16k
+    Example: entmtp heads draft-vocab --heads trees/heads/smollm2-135m-hydra --from-data
+    data/smollm2 --size 16384 --out heads-16k
     """
     import torch
 

@@ -504,7 +504,11 @@ def plot_latency(
                                        "GPU-like model, labelled as not measured."),
     force: bool = FORCE_OPTION,
 ) -> None:
-    """Draw several latency models (e.g. a CPU and a GPU one) in one figure."""
+    """Draw several latency models (e.g. a CPU and a GPU one) in one figure.
+
+    Example: entmtp plot-latency trees/latency/cpu2-medusa-smollm2-135m.json
+    trees/latency/gpu-nvidia-h200-smollm2-135m-medusa.json --out cpu2-vs-h200.png
+    """
     check_plots(out)
     loaded = [(path, BatchLatency.load(path)) for path in files]
     extra = [LatencyModel.gpu_like()] if synthetic_gpu else []
@@ -529,7 +533,8 @@ def plot_latency(
 @app.command()
 @user_errors
 def retarget(
-    source: Path = typer.Argument(..., help="Run folder (or its bundle.json) to re-search."),
+    source: Path = typer.Argument(..., help="Run folder (or its bundle.json), or a shipped "
+                                  "profile folder (trees/profiles/TASK-TYPE), to re-search."),
     latency_file: Path = typer.Option(..., "--latency", help="Latency model of the target "
                                       "hardware (entmtp latency)."),
     out: Path | None = typer.Option(None, "--out", help="New run folder "
@@ -544,7 +549,8 @@ def retarget(
 ) -> None:
     """Re-search a calibration run for other hardware, reusing its profile (no model needed).
 
-    Example: entmtp retarget runs/code-medusa --latency trees/latency/h200.json
+    Example: entmtp retarget trees/profiles/code-medusa --latency
+    trees/latency/gpu-nvidia-h200-smollm2-135m-medusa.json --out runs/code-medusa-h200
     """
     console = Console()
     with ConsoleReporter(console) as reporter:

@@ -29,13 +29,24 @@ from ._front_summary import (
 from ._model_setup import FORCE_OPTION
 from ._plots import check_plots, plot_acceptance_curves, plot_fronts, plot_tree
 from ._progress import ConsoleReporter
+from ._sources import (
+    bare_bundle,
+    bundle_in,
+    close_match,
+    folder_of_bundles,
+    is_bundle_file,
+    make_run_hint,
+    resolve_bundle_path,
+    run_of_bundle,
+)
 from ._typer_app import app
 
 
 @app.command()
 @user_errors
 def pareto(
-    run_dir: Path = typer.Argument(..., help="A calibration run folder (entmtp calibrate --out)."),
+    run_dir: Path = typer.Argument(..., help="A calibration run folder (entmtp calibrate --out), "
+                                   "or its bundle.json."),
     plot: Path | None = typer.Option(None, "--plot", help="Write the fronts as a plot (.png, "
                                      ".pdf or .svg)."),
     acceptance_plot: Path | None = typer.Option(
@@ -58,12 +69,7 @@ def pareto(
 
     Example: entmtp pareto runs/code --plot runs/code/pareto.png
     """
-    run = RunDir(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise EntmtpError(f"{run_dir} is a file, not a run folder: give the folder that "
-                          "`entmtp calibrate` wrote")
-    if not run_dir.is_dir():
-        raise EntmtpError(f"run folder {run_dir} does not exist: run `entmtp calibrate` first")
+    run = pareto_run(run_dir)
     check_plots(plot, acceptance_plot)
     console = Console()
     if not run.front.exists() and run.profile.exists() and run.latency.exists():
@@ -85,6 +91,27 @@ def pareto(
             plot_acceptance_curves(list(acc.mean_entropy), top1.T.tolist(), acceptance_plot,
                                    title=f"head top-1 acceptance vs entropy, task {view.task}")
             console.print(f"wrote {acceptance_plot}")
+
+
+def pareto_run(source: Path) -> RunDir:
+    """The run folder of SOURCE: the folder itself, or the one a bundle.json lies in; a bare
+    bundle, a folder of bundles or a missing folder is refused with the way to a front."""
+    if source.is_file():
+        if not is_bundle_file(source):
+            raise EntmtpError(f"{source} is a file, not a run folder or a bundle: give the folder "
+                              "that `entmtp calibrate` wrote, or its bundle.json")
+        run = run_of_bundle(source)
+        if run is None:
+            raise bare_bundle(source, load_bundle(source))
+        return run
+    if not source.is_dir():
+        near = close_match(source)
+        hint = f" (did you mean {near}?)" if near is not None else ""
+        raise EntmtpError(f"run folder {source} does not exist{hint}: {make_run_hint(source)}")
+    run = RunDir(source)
+    if not run.front.exists() and not run.profile.exists() and bundle_in(source) is not None:
+        raise folder_of_bundles(source)
+    return run
 
 
 def _print_view(console: Console, view: FrontView, *, full: bool, buckets: bool) -> None:
@@ -112,16 +139,21 @@ def _print_view(console: Console, view: FrontView, *, full: bool, buckets: bool)
 @app.command("show-tree")
 @user_errors
 def show_tree(
-    source: Path = typer.Argument(..., help="A bundle.json, or a JSON list of paths."),
+    source: Path = typer.Argument(..., help="A bundle.json or a run folder (its bundle.json), "
+                                  "or a JSON list of paths."),
     out: Path = typer.Option(..., "--out", help="Plot to write (.png, .pdf or .svg)."),
     tree_index: int = typer.Option(0, "--tree", help="Which tree of a bundle."),
     force: bool = FORCE_OPTION,
 ) -> None:
     """Draw a tree (of a bundle, or a JSON path list such as trees/mc_sim_7b_63.json).
 
-    Example: entmtp show-tree runs/code/bundle.json --tree 0 --out tree0.png
+    Example: entmtp show-tree runs/code --tree 0 --out tree0.png
+
+    Example: entmtp show-tree trees/mc_sim_7b_63.json --out mc_sim_7b_63.png
     """
     check_plots(out)
+    if source.is_dir():
+        source = resolve_bundle_path(source)
     obj = read_json(source, source=f"tree file {source}", expect=(dict, list),
                     fix="give a bundle.json or a JSON list of paths")
     serves = None

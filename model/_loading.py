@@ -1,10 +1,13 @@
 """The model and draft heads a command names (``--model``, ``--heads``, ``--head-type``) on the
 device and in the precision it names (``--device``, ``--dtype``), each checked before the slow
-load. Importing this module does not import torch."""
+load (a hub id the hub cannot serve now included). Importing this module does not import
+torch."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from importlib import resources
 from pathlib import Path
 
@@ -122,8 +125,79 @@ def load_base(model: str | None, *, device: str = "cpu", dtype: str = "fp32"):
 
     dtype_name = resolve_dtype_name(dtype)
     device = check_device(device)
+    check_hub_model(model)
     quiet_transformers()
     return load_base_model(model, dtype=dtype_name, device=device)
+
+
+# -- a hub id, offline ------------------------------------------------------------------------
+HUB_TIMEOUT_S = 3.0  # the one connection attempt's limit; the hub's own client retries ~50 s
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def is_hub_id(model: str) -> bool:
+    """``--model`` names a hub model: no local folder or file, nothing path-like, a valid id
+    (an invalid one is the loader's one-line error)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from ._base_model import _looks_like_path
+
+    path = Path(model).expanduser()
+    if path.exists() or model.endswith(".gguf") or _looks_like_path(model):
+        return False
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
+def hub_unreachable(timeout: float = HUB_TIMEOUT_S) -> str | None:
+    """Why the hub's host (``HF_ENDPOINT``'s) cannot be reached now, in a few words, or None.
+    Behind a proxy only the proxy knows: not checked then."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as err:  # a name that does not resolve, a refused or timed-out connection
+        return f"{host}: {err.strerror or str(err) or type(err).__name__}"
+
+
+def check_hub_model(model: str | None) -> None:
+    """Fail in one line, now, for a hub id that cannot load here: not in the local cache while
+    HF_HUB_OFFLINE is set or the hub is out of reach (the download would retry for most of a
+    minute first). A cached model with the hub out of reach loads from the cache, offline."""
+    if model is None or not is_hub_id(model):
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(model, "config.json"), str)
+    if constants.is_offline_mode():
+        if not cached:
+            raise EntmtpError(f"model {model!r} is not in the Hugging Face cache "
+                              f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: download it "
+                              "once with the network on, or pass a local model folder or .gguf "
+                              "to --model")
+        return
+    problem = hub_unreachable()
+    if problem is None:
+        return
+    if cached:
+        # the libraries ask is_offline_mode() before each request: the cache, no retries
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        constants.HF_HUB_OFFLINE = True
+        return
+    raise EntmtpError(f"cannot reach the Hugging Face hub ({problem}) to download model "
+                      f"{model!r}, which is not in the local cache: connect this machine to the "
+                      "network, or pass a local model folder or .gguf to --model")
 
 
 def load_heads_for(base, heads: str | None, head_type: str, model: str | None,

@@ -315,6 +315,7 @@ def test_show_tree_of_a_latency_file_names_what_it_was_given(tmp_path):
 
 
 def test_pareto_of_a_file_says_it_is_not_a_run_folder(demo_run, tmp_path):
+    """(A run's bundle.json stands for its run: tests/cli/test_hints.py.)"""
     run = _copy_run(demo_run, tmp_path)
-    assert_user_error(["pareto", str(run / "bundle.json")], tmp_path,
-                      mentions=("is a file, not a run folder",))
+    assert_user_error(["pareto", str(run / "report.md")], tmp_path,
+                      mentions=("is a file, not a run folder or a bundle",))
