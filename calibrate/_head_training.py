@@ -89,7 +89,7 @@ def train_heads_run(args: TrainArguments, progress: Progress | None = None) -> T
     started = time.monotonic()
     device, dtype_name = check_device_and_dtype(args.device, args.dtype)
     if args.head_type not in HEAD_TYPES:
-        raise EntmtpError(f"--type {args.head_type!r}: use one of {', '.join(HEAD_TYPES)}")
+        raise EntmtpError(f"--head-type {args.head_type!r}: use one of {', '.join(HEAD_TYPES)}")
     deadline = deadline_after(args.max_seconds, started=started)
     _check_arguments(args)
     from entmtp.model import check_heads_target
@@ -257,7 +257,7 @@ def _initial_heads(base: Any, args: TrainArguments) -> tuple[DraftHeads, dict[st
     heads = load_heads(init_heads, base.model, dtype=torch.float32)
     if heads.head_type != head_type:
         raise EntmtpError(f"--init-heads {init_heads} holds {heads.head_type} heads, not "
-                          f"{head_type}: give --type {heads.head_type} or other heads")
+                          f"{head_type}: give --head-type {heads.head_type} or other heads")
     for option, asked, held in (("--num-heads", num_heads, heads.num_heads),
                                 ("--num-layers", num_layers, heads.num_layers)):
         if asked is not None and asked != held:

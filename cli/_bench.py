@@ -413,8 +413,8 @@ def bench(
 ) -> None:
     """Measure autoregressive, static Medusa/Hydra trees and bundles side by side, live.
 
-    Example: entmtp bench --task code --prompts 8 --bundle runs/code-medusa --bundle
-    runs/code-hydra --plot bench.png --targets bench/targets.py
+    Example: entmtp bench --task code --prompts 8 --bundle runs/code --plot bench.png --targets
+    bench/targets.py
 
     Example: entmtp bench --task code --head-type medusa --prompts 12 --batch-sizes 1,2,4,8,16
     """

@@ -11,6 +11,7 @@ from rich.console import Console
 from entmtp.calibrate import CalibrateArguments
 from entmtp.calibrate import calibrate as run_calibration
 
+from ._bench_batches import parse_batch_sizes
 from ._errors import user_errors
 from ._model_setup import (
     DATA_OPTION,
@@ -71,7 +72,11 @@ def calibrate(
     max_nodes: int = typer.Option(_DEFAULT.max_nodes, "--max-nodes", help="Largest tree the "
                                   "search considers (draft tokens per step)."),
     batch_size: int = typer.Option(_DEFAULT.batch_size, "--batch-size", help="Prompts generated "
-                                   "together."),
+                                   "together while profiling."),
+    batch_sizes: str | None = typer.Option(
+        None, "--batch-sizes", help="Serving batch sizes to time and search for, e.g. "
+        "1,2,4,8,16: the latency stage times the runtime's steps of each size, and the bundle "
+        "gets a schedule per batch-size range (default: batch size 1 alone)."),
     strict: bool = STRICT_OPTION,
     fresh: bool = typer.Option(False, "--fresh", help="Start the run folder again: delete its "
                                "profile, latency and search files (a folder made with other "
@@ -85,6 +90,9 @@ def calibrate(
     """Profile a task, measure latency, search fronts and a schedule, write bundle.json.
 
     Example: entmtp calibrate --task code --prompts 24 --out runs/code
+
+    Example: entmtp calibrate --task code --head-type medusa --batch-sizes 1,2,4,8 --max-nodes 16
+    --out runs/code-batched
     """
     arguments = CalibrateArguments(
         task=task, model=model, heads=heads, head_type=head_type, data=data, split=split,
@@ -92,7 +100,8 @@ def calibrate(
         dtype=dtype, out=out, latency=latency, num_shards=num_shards, shard_index=shard_index,
         storage=storage, schedule_trials=schedule_trials, validation_folds=validation_folds,
         shape_trials=shape_trials, max_nodes=max_nodes, batch_size=batch_size, strict=strict,
-        fresh=fresh, engine=engine, graphs=graphs)
+        fresh=fresh, engine=engine, graphs=graphs,
+        batch_sizes=parse_batch_sizes(batch_sizes) or (1,))
     console = Console()
     with ConsoleReporter(console) as reporter:
         run = run_calibration(arguments, progress=reporter)

@@ -48,7 +48,10 @@ def bundle_source(source: Path | None, task: str | None, head_type: str | None, 
     stderr). One-line errors without either, and for --task with --model (the shipped bundles
     are the default model's)."""
     if source is not None:
-        return (*read_bundle(source), False)
+        path, bundle = read_bundle(source)
+        # before the model loads: a synthetic bundle, or one of another head type than asked
+        bundle.check_compatible(head_type=head_type)
+        return path, bundle, False
     if task is None:
         raise EntmtpError("give a bundle (a bundle.json or run folder) or --task TASK to pick "
                           "the shipped one for this machine (`entmtp bundles` lists them)")

@@ -95,7 +95,8 @@ def task_option(default: str | None, default_note: str = ""):
 
 
 DATA_OPTION = typer.Option(None, "--data", help="JSONL file with a 'prompt' field.")
-MAX_NEW_TOKENS_OPTION = typer.Option(128, "--max-new-tokens")
+MAX_NEW_TOKENS_OPTION = typer.Option(128, "--max-new-tokens",
+                                     help="Tokens to generate per prompt.")
 
 
 def split_option(default: str):
@@ -104,7 +105,8 @@ def split_option(default: str):
 
 
 # Seeds and latency checks (calibrate, latency, demo).
-SEED_OPTION = typer.Option(0, "--seed")
+SEED_OPTION = typer.Option(0, "--seed", help="Random seed (prompt sampling, the search, random "
+                           "weights): the same seed repeats a run.")
 STRICT_OPTION = typer.Option(False, "--strict", help="Refuse (exit 2, nothing written) a latency "
                              "model that fails its noise checks instead of using it with "
                              "warnings.")

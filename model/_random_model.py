@@ -56,6 +56,9 @@ def model_config(spec: str | os.PathLike | None = None) -> ModelConfig:
             or text.count("/") > 1:
         raise EntmtpError(f"model {path} is neither a model folder nor an existing .gguf file: "
                           "pass one of those or a hub id to --model")
+    from ._loading import check_hub_model
+
+    check_hub_model(text)  # offline: one line now, not a minute of retries
     return _hub_config(text)
 
 

@@ -43,6 +43,7 @@ from ._latency import LatencyModel
 from ._schedule import Schedule, check_signal, check_thresholds
 from ._tree import Tree
 
+SYNTHETIC_MODEL_NAME = "synthetic"  # the model of entmtp demo's made-up profile
 BUNDLE_FORMAT = "entmtp-bundle"
 BUNDLE_FORMAT_VERSION = 2  # the newest this entmtp reads and writes (with batch_ranges)
 BATCHLESS_FORMAT_VERSION = 1  # a bundle without batch_ranges, as every bundle before them
@@ -232,13 +233,23 @@ class Bundle:
     ) -> None:
         """Raise ``EntmtpError`` if the bundle was made for another model or head set.
 
-        Arguments left as None are not checked.
+        Arguments left as None are not checked; a synthetic bundle (``entmtp demo``'s, made
+        for no model) is refused whatever is given.
         """
+        if self.model.name == SYNTHETIC_MODEL_NAME:
+            raise EntmtpError(
+                "this bundle is synthetic (made by entmtp demo from a made-up profile, for no "
+                "model): nothing decodes with it; give a bundle calibrated for a model (`entmtp "
+                "bundles` lists the shipped ones)")
+        if head_type is not None and head_type != self.heads.type:
+            raise EntmtpError(
+                f"the bundle was searched for {self.heads.type} heads but the heads loaded are "
+                f"{head_type}: load {self.heads.type} heads (--heads of that type; --head-type "
+                f"defaults to the bundle's), or give a {head_type} bundle")
         fix = "calibrate a bundle for this model and heads (entmtp calibrate)"
         checks = [
             ("model vocab_size", self.model.vocab_size, vocab_size),
             ("model hidden_size", self.model.hidden_size, hidden_size),
-            ("head type", self.heads.type, head_type),
             ("number of heads", self.heads.num_heads, num_heads),
         ]
         for name, expected, actual in checks:

@@ -110,7 +110,7 @@ def test_the_library_reports_its_stages_through_the_callback_and_prints_nothing(
 
 
 @pytest.mark.parametrize(("changes", "needle"), [
-    ({"head_type": "eagle"}, "--type 'eagle'"),
+    ({"head_type": "eagle"}, "--head-type 'eagle'"),
     ({"device": "tpu"}, "--device"),
     ({"dtype": "int8"}, "--dtype"),
     ({"max_seconds": 0.0}, "--max-seconds"),

@@ -203,3 +203,44 @@ def test_no_library_module_imports_the_cli():
 def test_every_exported_name_resolves():
     for name in entmtp.calibrate.__all__:
         assert getattr(entmtp.calibrate, name) is not None, name
+
+
+def test_the_latency_stage_times_every_batch_size_and_reuses_only_the_same_sizes(tmp_path,
+                                                                                 monkeypatch):
+    """--batch-sizes: one profile per size into one file with the batch axis; a run's file
+    with the same sizes is reused, one with other sizes is measured again."""
+    import entmtp.evaluation as evaluation
+    from entmtp.calibrate._pipeline import latency_stage
+    from entmtp.treesearch import BatchLatency
+
+    sizes = []
+
+    def profile(model, heads, **options):
+        sizes.append(options["batch_size"])
+        return _per_node(0.5 * options["batch_size"])
+
+    monkeypatch.setattr(evaluation, "profile_latency", profile)
+
+    class Param:
+        device = "cpu"
+
+    class Base:
+        model = type("M", (), {"parameters": lambda self: iter([Param()]), "dtype": "float32"})()
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    latency_stage(run, latency_file=None, loader=lambda: (Base(), None), batch_sizes=(4, 1, 2))
+    assert sizes == [1, 2, 4]
+    assert BatchLatency.load(run.latency).batch_sizes == (1, 2, 4)
+    latency_stage(run, latency_file=None, loader=lambda: (Base(), None), batch_sizes=(1, 2, 4))
+    assert sizes == [1, 2, 4]  # reused
+    latency_stage(run, latency_file=None, loader=lambda: (Base(), None), batch_sizes=(1,))
+    assert sizes == [1, 2, 4, 1]
+    assert not BatchLatency.load(run.latency).batched
+
+
+def test_calibrate_refuses_batch_sizes_with_a_latency_file(inputs, tmp_path):
+    from entmtp.core import EntmtpError
+
+    with pytest.raises(EntmtpError, match="--batch-sizes .* --latency"):
+        calibrate(_arguments(inputs, tmp_path / "run", batch_sizes=(1, 2)))

@@ -18,7 +18,6 @@ runner = CliRunner()
 # Options declared in cli/_model_setup.py without help (SEED_OPTION, MAX_NEW_TOKENS_OPTION):
 # that file is another change's; test_the_pending_exemptions_are_still_needed drops each one
 # here as soon as it has help.
-PENDING_HELP = {"--seed", "--max-new-tokens"}
 
 
 def commands(command=None, path=()):
@@ -64,12 +63,7 @@ def missing_help(exempt=frozenset()):
 
 
 def test_every_option_and_argument_has_help():
-    assert missing_help(exempt=PENDING_HELP) == []
-
-
-def test_the_pending_exemptions_are_still_needed():
-    still = {option for _, option in missing_help()}
-    assert PENDING_HELP <= still, f"{PENDING_HELP - still} have help now: drop them here"
+    assert missing_help() == []
 
 
 def test_the_help_check_fails_on_an_option_without_help():

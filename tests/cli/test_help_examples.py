@@ -28,9 +28,6 @@ USER_FILES = {Path("vllm.csv")}  # step times measured in another runtime
 # Commands whose examples run here for real: no model, no GPU, seconds at most.
 RUNS_HERE = {("demo",), ("pareto",), ("show-tree",), ("export",), ("bundles",),
              ("plot-latency",)}
-# Inputs that an example in a file another change owns (cli/_bench.py) names but nothing
-# makes; test_the_pending_inputs_are_still_named drops each one here once it is fixed.
-PENDING = {Path("runs/code-medusa"), Path("runs/code-hydra")}
 
 
 def commands(command=None, path=()):
@@ -125,15 +122,10 @@ def test_each_example_reads_what_the_repository_or_another_example_has(path, lin
     for argv in lines:
         inputs, outputs = files(parse(argv)[1])
         for name in inputs:
-            assert available(name) or name in PENDING, (argv, name)
+            assert available(name), (argv, name)
         for name in outputs:  # never into the data entmtp ships
             assert name.parts[0] != "trees", (argv, name)
 
-
-def test_the_pending_inputs_are_still_named():
-    missing = {name for _, lines in EXAMPLES for argv in lines
-               for name in files(parse(argv)[1])[0] if not available(name)}
-    assert PENDING <= missing, f"{PENDING - missing} are fixed: drop them from PENDING"
 
 
 # -- the ones that run here -------------------------------------------------------------------

@@ -330,7 +330,7 @@ def test_a_bundle_for_other_heads_is_a_one_line_error(varied, tmp_path):
     args = ["--prompts", 1, "--max-new-tokens", 4]
     # A bundle for the Hydra heads with the Medusa heads.
     assert_one_line_error(invoke(["validate", hydra_bundle, *model_args(varied), *args]),
-                          "head type 'hydra'")
+                          "searched for hydra heads but the heads loaded are medusa")
     assert_one_line_error(invoke(["bench", "--bundle", hydra_bundle, *model_args(varied),
                                   *args]), "hydra")
     # The Medusa bundle with other Medusa weights of the same shape.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -227,7 +228,7 @@ def test_check_compatible_accepts_the_same_model_and_skips_none():
     [
         ({"vocab_size": 49152}, "vocab_size"),
         ({"hidden_size": 576}, "hidden_size"),
-        ({"head_type": "hydra"}, "head type"),
+        ({"head_type": "hydra"}, "searched for medusa heads but the heads loaded are hydra"),
         ({"num_heads": 3}, "number of heads"),
         ({"heads_sha256": "f" * 64}, "sha256"),
     ],
@@ -236,6 +237,13 @@ def test_check_compatible_names_the_mismatch(kwargs, named):
     with pytest.raises(EntmtpError, match=named) as info:
         sample_bundle().check_compatible(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_a_synthetic_bundle_decodes_nothing():
+    bundle = sample_bundle()
+    bundle.model = dataclasses.replace(bundle.model, name="synthetic")
+    with pytest.raises(EntmtpError, match="synthetic .*nothing decodes with it"):
+        bundle.check_compatible()
 
 
 # -- rejections -------------------------------------------------------------------------------
