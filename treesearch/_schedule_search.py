@@ -1,6 +1,6 @@
 """Calibrate an entropy schedule over candidate trees with Optuna, scored by exact replay.
 
-Each trial proposes the parts that are not additive (see DESIGN.md):
+Each trial proposes the parts that are not additive (see docs/design.md):
 
 - the number of buckets ``B`` in ``1..max_buckets``;
 - the signal, when the profile has head-1 entropies: ``base_entropy`` or ``draft_entropy``

@@ -43,7 +43,7 @@ outputs = {{
     "retarget": lambda: write(Path(option("--out")) / "bundle.json", "{{}}"),
     "gpu_static_check": lambda: write(Path(option("--out")) / "static_check.json", "{{}}"),
     "bench": lambda: (write(option("--json"), json.dumps({{"prompts": int(option("--prompts"))}})),
-                      write(option("--plot"), "png")),
+                      "--plot" in rest and write(option("--plot"), "png")),
     "bench_low_precision": lambda: write(option("--json"), "{{}}"),
 }}
 code = int(os.environ.get("FAKE_EXIT_" + name.replace("-", "_"), "0"))
@@ -126,10 +126,16 @@ def test_run_keeps_what_first_did_and_redoes_only_what_is_missing(device):
     run = phase(device, "run")
     assert run.returncode == 0, run.stderr
     done = commands(device)
+    # then (e), the batch sweep, with the time the planned stages left
     assert [c[0] for c in done] == ["retarget", "model-cache", "bench", "bench",
-                                    "bench_low_precision"]
+                                    "bench_low_precision", "latency", "retarget", "bench"]
     assert done[0][1] == "trees/profiles/math-hydra"
-    bundles = [option(c, "--bundle") for c in done[2:]]
+    sweep_latency, sweep_search, sweep = done[5:]
+    assert option(sweep_latency, "--batch-sizes") == ["1,2,4,8,16,32"]
+    assert option(sweep_search, "--latency") == [f"{results}/batch/latency-medusa.json"]
+    assert option(sweep, "--batch-sizes") == ["1,2,4,8,16,32"]
+    assert option(sweep, "--bundle") == [f"{results}/batch/code-medusa"]
+    bundles = [option(c, "--bundle") for c in done[2:5]]
     assert bundles[0] == [f"{results}/runs/code-{t}/bundle.json" for t in ("medusa", "hydra")]
     assert bundles[1] == [f"{results}/runs/math-{t}/bundle.json" for t in ("medusa", "hydra")]
     assert len(bundles[2]) == 4
@@ -140,7 +146,8 @@ def test_run_keeps_what_first_did_and_redoes_only_what_is_missing(device):
     # with everything in place, nothing is redone
     assert phase(device, "run").returncode == 0
     assert [c[0] for c in commands(device)] == ["model-cache", "bench", "bench",
-                                                "bench_low_precision"]
+                                                "bench_low_precision", "latency", "retarget",
+                                                "bench"]
 
 
 def test_run_without_the_model_parts_stops_before_anything_needs_them(device):

@@ -141,13 +141,15 @@ def test_bad_inputs_raise(tmp_path):
         load_prompts("code", num_prompts=0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None,
-                    reason="with `datasets` installed GSM8K falls back to the hub")
 def test_missing_shared_dataset_names_where_it_is_expected(monkeypatch, tmp_path):
     monkeypatch.setenv("ENTMTP_SHARED", str(tmp_path))
+    find_spec = importlib.util.find_spec  # without `datasets`, whether or not it is installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "datasets" else find_spec(name, *args))
     with pytest.raises(EntmtpError, match="--data") as err:
         load_prompts("math")
     assert str(tmp_path / "datasets" / "gsm8k" / "test.jsonl") in str(err.value)
+    assert "pip install 'entmtp[model]'" in str(err.value)  # the extra that brings `datasets`
 
 
 def test_json_array_reader_keeps_complete_records_of_a_truncated_file(tmp_path):

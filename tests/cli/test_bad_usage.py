@@ -343,7 +343,7 @@ def test_decode_refuses_a_prompt_longer_than_the_context(demo_run, tiny_model_di
     config = json.loads((tiny_medusa_dir / "config.json").read_text())
     demo = load_bundle(demo_run / "bundle.json")
     bundle = dataclasses.replace(
-        demo, model=dataclasses.replace(demo.model, vocab_size=128, hidden_size=32),
+        demo, model=dataclasses.replace(demo.model, name="tiny", vocab_size=128, hidden_size=32),
         heads=HeadsInfo("medusa", config["num_heads"], demo.heads.topk, config["sha256"]))
     path = save_bundle(bundle, tmp_path / "bundle.json")
     args = ["decode", str(path), "--model", str(tiny_model_dir), "--heads", str(tiny_medusa_dir),

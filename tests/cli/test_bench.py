@@ -440,7 +440,7 @@ def test_targets_are_the_issues_and_pass_as_stated():
 
 
 def load_results_table():
-    """bench/results_table.py, the script that renders the README's results table."""
+    """bench/results_table.py, the script that renders the results tables (README, docs/results)."""
     path = Path(__file__).resolve().parents[2] / "bench" / "results_table.py"
     spec = importlib.util.spec_from_file_location("results_table", path)
     module = importlib.util.module_from_spec(spec)

@@ -362,8 +362,8 @@ def test_other_llama_block_families_equal_transformers(rt, family):
 
 
 def test_the_grouped_kv_way_is_the_measured_choice_unless_set():
-    """README, "Grouped key/value heads": on the CPU SDPA's own grouped heads, but the fold for
-    a float32 batch; a way that is set serves every forward."""
+    """docs/hardware.md, "Grouped key/value heads": on the CPU SDPA's own grouped heads, but the
+    fold for a float32 batch; a way that is set serves every forward."""
     for dtype, sequence, batch in ((torch.float32, "sdpa", "fold"),
                                    (torch.bfloat16, "sdpa", "sdpa")):
         static = StaticLlama(_llama(2, "default").to(dtype))
