@@ -322,11 +322,7 @@ def bundle_to_json(bundle: Bundle) -> dict[str, Any]:
             "sha256": bundle.heads.sha256,
         },
         "task": bundle.task,
-        "entropy": {
-            "signal": bundle.entropy.signal,
-            "unit": bundle.entropy.unit,
-            "estimator": bundle.entropy.estimator.to_json(),
-        },
+        "entropy": _entropy_json(bundle.entropy),
         "thresholds": [float(t) for t in bundle.thresholds],
         "trees": [
             {
@@ -550,15 +546,7 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
 
     thresholds = check_thresholds(obj["thresholds"], len(trees), context=f"{source}: ")
 
-    entropy_obj = obj["entropy"]
-    try:
-        estimator = EntropyEstimator.from_json(entropy_obj["estimator"])
-    except EntmtpError as err:
-        raise EntmtpError(f"{source}: entropy.estimator: {err}") from err
-    try:
-        check_signal(entropy_obj["signal"], estimator)
-    except EntmtpError as err:
-        raise EntmtpError(f"{source}: entropy.signal: {err}") from err
+    entropy = _build_entropy(obj["entropy"], f"{source}: entropy")
 
     best_static = None
     if "best_static" in obj:
@@ -604,7 +592,7 @@ def _build(obj: dict[str, Any], source: str) -> Bundle:
         ),
         heads=heads,
         task=obj["task"],
-        entropy=EntropyInfo(entropy_obj["signal"], entropy_obj["unit"], estimator),
+        entropy=entropy,
         thresholds=list(thresholds),
         trees=trees,
         tree_stats=stats,
