@@ -415,6 +415,22 @@ def latency(
         console.print(f"wrote {plot}")
 
 
+def _save_batch_latency(latency: BatchLatency, *, out: Path, plot: Path | None,
+                        compare: list[Path], fallback: str) -> None:
+    """Write a latency file with a batch axis and, with ``plot``, its curves (one per batch
+    size) beside ``compare``'s: both, or neither."""
+    with all_or_none():
+        latency.save(out)
+        if plot is not None:
+            label = default_label(latency[latency.batch_sizes[0]], fallback)
+            models = batch_curves(label, latency, alone=not compare)
+            for path in compare:
+                other = LatencyModel.load(path)
+                models[default_label(other, path.stem)] = other
+            plot_latency_curves(models, plot, title=f"Verification latency vs tree size: {label}",
+                                mark_nodes=batch_mark(models))
+
+
 def _measure_batches(sizes: tuple[int, ...], *, console: Console, out: Path, plot: Path | None,
                      compare: list[Path], strict: bool, **measuring) -> None:
     """`entmtp latency --batch-sizes`: time every batch size, check each model, write one file
@@ -430,16 +446,7 @@ def _measure_batches(sizes: tuple[int, ...], *, console: Console, out: Path, plo
         for warning in check_latency_model(model, strict=strict,
                                            source=f"latency measurement at batch size {size}"):
             warn(warning)
-    with all_or_none():  # --out and --plot, or neither
-        measured.save(out)
-        if plot is not None:
-            label = default_label(measured[sizes[0]], "measured")
-            models = batch_curves(label, measured, alone=not compare)
-            for path in compare:
-                other = LatencyModel.load(path)
-                models[default_label(other, path.stem)] = other
-            plot_latency_curves(models, plot, title=f"Verification latency vs tree size: {label}",
-                                mark_nodes=batch_mark(models))
+    _save_batch_latency(measured, out=out, plot=plot, compare=compare, fallback="measured")
     hw = measured[sizes[0]].hardware
     console.print(f"{hw['device_name']} ({hw['dtype']}), {hw['model']}, batch sizes "
                   f"{', '.join(map(str, sizes))}:")
@@ -471,16 +478,7 @@ def _import_latency(source: Path, *, out: Path, plot: Path | None, compare: list
         warn(f"{source} at batch size {size}: {warning}")
     if failed:
         warn(f"{source}: {IMPORT_HINT}")
-    with all_or_none():  # --out and --plot, or neither
-        imported.save(out)
-        if plot is not None:
-            label = default_label(imported[imported.batch_sizes[0]], source.stem)
-            models = batch_curves(label, imported, alone=not compare)
-            for path in compare:
-                other = LatencyModel.load(path)
-                models[default_label(other, path.stem)] = other
-            plot_latency_curves(models, plot, title=f"Verification latency vs tree size: {label}",
-                                mark_nodes=batch_mark(models))
+    _save_batch_latency(imported, out=out, plot=plot, compare=compare, fallback=source.stem)
     hw = imported[imported.batch_sizes[0]].hardware
     console.print(f"{hw['device_name']}: {hw['lines']} measured steps, batch sizes "
                   f"{', '.join(map(str, imported.batch_sizes))}, contexts "
