@@ -124,13 +124,18 @@ def batch_methods(base, decoder, bundle: Bundle, batch_size: int) -> list[BatchM
 
         return BatchMethod(name, run, schedule)
 
-    batch_one = bundle.schedule()
-    sized = bundle.schedule(batch_size)
     methods = [BatchMethod(AUTOREGRESSIVE, plain, None),
-               bundle_method(BATCH_ONE, batch_one), bundle_method(ENTMTP, sized)]
-    if sized == batch_one:
+               bundle_method(BATCH_ONE, bundle.schedule()),
+               bundle_method(ENTMTP, bundle.schedule(batch_size))]
+    if shares_batch_one(bundle, batch_size):
         methods[2].same_as = BATCH_ONE
     return methods
+
+
+def shares_batch_one(bundle: Bundle, batch_size: int) -> bool:
+    """Whether the bundle decodes ``batch_size`` rows with its batch-1 schedule (the entmtp
+    row then shares the batch-1 row's runs)."""
+    return bundle.schedule(batch_size) == bundle.schedule()
 
 
 def run_batches_side_by_side(methods: Sequence[BatchMethod], batches: Sequence[list[list[int]]],
@@ -309,6 +314,6 @@ def sweep_measured_runs(prompts: int, batch_sizes: Sequence[int], bundle: Bundle
     methods that are measured (not sharing another's runs)."""
     total = 0
     for size in sorted(set(batch_sizes)):
-        methods = 2 if bundle.schedule(size) == bundle.schedule() else 3
+        methods = 2 if shares_batch_one(bundle, size) else 3
         total += len(batch_rows(prompts, size)) * methods
     return total
